@@ -1,0 +1,41 @@
+# Set-up on a fresh machine needs only Python 3.11 and the package registries.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+DATA   ?= ../shared/data/real
+LAKE   ?= lake
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch==2.13.0 first: it is a local CPU wheel here; a looser pin would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+demo: $(VENV)/.installed
+	@echo "== cubelake demo: ingesting the real scenes of $(DATA) into ./$(LAKE)"
+	@$(BIN)/cubelake ingest --lake $(LAKE) \
+	    $(DATA)/hsi_enmap_potsdam $(DATA)/hsi_aviris_ng_isofit $(DATA)/hsi_abu_anomaly \
+	    $(DATA)/hsi_jasper_ridge $(DATA)/hsi_samson $(DATA)/hsi_houston2018_crop \
+	    $(DATA)/hsi_indian_pines_purdue $(DATA)/landsat5_tm_rstoolbox $(DATA)/landsat8_rio_toa \
+	    $(DATA)/bad_inputs $(DATA)/other_formats; \
+	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi; \
+	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
+	@$(BIN)/cubelake lake --lake $(LAKE)
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check cubelake ingest catalog loaders tests bench
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/ingest_throughput.py
+
+clean:
+	rm -rf $(VENV) $(LAKE) .pytest_cache

@@ -1,0 +1,1 @@
+"""Catalog (STAC items and queries): arrives with its own issue."""

@@ -1,0 +1,154 @@
+"""``cubelake ingest`` and ``cubelake validate``."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from cubelake.errors import CubelakeError
+from cubelake.ingest import (
+    PRODUCTS,
+    IngestOptions,
+    IngestResult,
+    Limits,
+    Outcome,
+    SourceOptions,
+    ValidationReport,
+    ingest,
+    load_profile,
+    validate,
+)
+from cubelake.lake import Lake
+
+from ._render import STATE, err_console, escape, out_console, print_json, progress_bars
+
+__all__ = ["STATE", "err_console", "ingest_cmd", "validate_cmd"]
+
+
+class OutputFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def _parse_size(text: str) -> int:
+    m = _SIZE.match(text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a size; use bytes or a unit, e.g. 64GiB, 500MB")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[unit]
+    return int(float(m.group(1)) * factor)
+
+
+def _options(profile: str, products: str, chunk: int | None, shard: int | None, workers: int | None,
+             max_bytes: str | None, variable: str | None, axes: str | None, force: bool) -> IngestOptions:
+    try:
+        prof = None if profile == "auto" else load_profile(profile)
+    except CubelakeError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile") from exc
+    prods = tuple(p.strip() for p in products.split(",") if p.strip())
+    bad = [p for p in prods if p not in PRODUCTS]
+    if bad or not prods:
+        raise typer.BadParameter(f"unknown product(s) {bad or [products]}; choose from {','.join(PRODUCTS)}",
+                                 param_hint="--products")
+    if chunk is not None and (chunk <= 0 or chunk % 16):
+        raise typer.BadParameter(f"chunk must be a positive multiple of 16 pixels (TIFF tile rule), got {chunk}",
+                                 param_hint="--chunk")
+    if axes is not None and axes not in ("yxb", "xyb", "byx", "bxy", "bp", "pb"):
+        raise typer.BadParameter(f"axes {axes!r}: use yxb, xyb, byx, bxy (3-D) or bp, pb (2-D bands x pixels)",
+                                 param_hint="--axes")
+    limits = Limits(max_bytes=_parse_size(max_bytes)) if max_bytes else Limits()
+    kw = {"workers": workers} if workers else {}
+    return IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
+                         source=SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes),  # type: ignore[arg-type]
+                         **kw)
+
+
+def _print_issues(console, report: ValidationReport) -> None:  # type: ignore[no-untyped-def]
+    for i in report.errors:
+        console.print(f"    [red]error[/red]: {i.code.value}: {escape(i.message)}")
+    for i in report.warnings:
+        console.print(f"    [yellow]warning[/yellow]: {i.code.value}: {escape(i.message)}")
+
+
+def _render_results(results: list[IngestResult]) -> None:
+    out = out_console()
+    mark = {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
+            Outcome.REJECTED: "[red]rejected [/red]"}
+    for r in results:
+        out.print(f"{mark[r.outcome]} {escape(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
+        out.print(f"    {escape(r.message)}")
+        if r.outcome is not Outcome.UNCHANGED:
+            _print_issues(out, r.report)
+    counts = {o: sum(r.outcome is o for r in results) for o in Outcome}
+    out.print(
+        f"\n{len(results)} scene(s): {counts[Outcome.INGESTED]} ingested, {counts[Outcome.UNCHANGED]} unchanged, "
+        f"{counts[Outcome.REJECTED]} rejected"
+    )
+
+
+def ingest_cmd(
+    paths: list[Path] = typer.Argument(..., help="Scene files or folders (walked recursively)."),
+    lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder (created if new).", envvar="CUBELAKE_LAKE"),
+    profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
+    products: str = typer.Option("cog,zarr", "--products", help="Comma-separated: cog, zarr."),
+    chunk: int | None = typer.Option(None, "--chunk", help="Spatial chunk = COG tile size, pixels (multiple of 16)."),
+    shard: int | None = typer.Option(None, "--shard", help="Zarr shard side in chunks (sharding codec); default none."),
+    labels: Path | None = typer.Option(None, "--labels", help="Label raster/MAT file for the scene (on its grid)."),
+    variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
+    axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube (yxb, byx, ..., bp, pb)."),
+    workers: int | None = typer.Option(None, "--workers", help="Threads for reading/compressing (default: CPUs)."),
+    max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when the scene and config are unchanged."),
+    fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+) -> None:
+    """Validate, calibrate and convert scenes into the lake (COG and/or Zarr v3)."""
+    opts = _options(profile, products, chunk, shard, workers, max_bytes, variable, axes, force)
+    try:
+        lk = Lake(lake)
+    except CubelakeError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--lake") from exc
+    with progress_bars(fmt is OutputFormat.text) as on_event:
+        results = ingest(paths, lk, opts, progress=on_event, labels=labels)
+    if fmt is OutputFormat.json:
+        print_json({"lake": str(lk.root), "results": [r.to_dict() for r in results]})
+    else:
+        _render_results(results)
+    raise typer.Exit(1 if any(r.outcome is Outcome.REJECTED for r in results) else 0)
+
+
+def validate_cmd(
+    paths: list[Path] = typer.Argument(..., help="Scene files or folders (walked recursively)."),
+    profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
+    chunk: int | None = typer.Option(None, "--chunk", help="Read window size, pixels."),
+    variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
+    axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube."),
+    max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
+    report_dir: Path | None = typer.Option(None, "--report-dir", help="Also write one JSON report per scene here."),
+    fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+) -> None:
+    """Run every check (every block is decoded) without writing any product."""
+    opts = _options(profile, "cog", chunk, None, None, max_bytes, variable, axes, False)
+    with progress_bars(fmt is OutputFormat.text) as on_event:
+        reports = validate(paths, opts, progress=on_event)
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for r in reports:
+            (report_dir / (Path(r.path).name + ".validation.json")).write_text(r.to_json() + "\n")
+    if fmt is OutputFormat.json:
+        print_json({"reports": [r.to_dict() for r in reports]})
+    else:
+        out = out_console()
+        for r in reports:
+            head = "[green]ok      [/green]" if r.ok else "[red]rejected[/red]"
+            shape = "x".join(map(str, r.shape)) if r.shape else "?"
+            out.print(f"{head} {escape(r.path)}  [dim]{r.format or '?'} (band,y,x)={shape} {r.dtype or ''}[/dim]")
+            _print_issues(out, r)
+        bad = sum(not r.ok for r in reports)
+        out.print(f"\n{len(reports)} scene(s): {len(reports) - bad} ok, {bad} rejected")
+    raise typer.Exit(1 if any(not r.ok for r in reports) else 0)

@@ -1,0 +1,56 @@
+"""``cubelake lake``: what a lake holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cubelake.errors import CubelakeError
+from cubelake.lake import Lake
+
+from ._render import escape, out_console, print_json
+from .ingest import OutputFormat
+
+
+def lake_cmd(
+    lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE"),
+    fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+) -> None:
+    """List the scenes of a lake, their products, and the rejected inputs."""
+    try:
+        lk = Lake(lake, create=False)
+    except CubelakeError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--lake") from exc
+    scenes = []
+    for sid in lk.scene_ids():
+        rec = lk.scene_record(sid) or {}
+        scenes.append({
+            "id": sid,
+            "bands": len(rec.get("bands", [])),
+            "shape": [rec.get("grid", {}).get("height"), rec.get("grid", {}).get("width")],
+            "dtype": rec.get("encoding", {}).get("dtype"),
+            "profile": rec.get("profile", {}).get("name"),
+            "products": {k: v.get("path") for k, v in rec.get("products", {}).items()},
+            "warnings": len(rec.get("validation", {}).get("warnings", [])),
+        })
+    rejected = []
+    for rid in lk.rejected_ids():
+        try:
+            rec = json.loads(lk.rejected_path(rid).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        rejected.append({"id": rid, "source": rec.get("source", {}).get("path"),
+                         "errors": [e["code"] for e in rec.get("report", {}).get("errors", [])]})
+    if fmt is OutputFormat.json:
+        print_json({"lake": str(lk.root), "scenes": scenes, "rejected": rejected})
+        return
+    out = out_console()
+    out.print(f"lake {escape(str(lk.root))}: {len(scenes)} scene(s), {len(rejected)} rejected input(s)")
+    for s in scenes:
+        prods = ", ".join(f"{k}={v}" for k, v in s["products"].items())
+        out.print(f"  {escape(s['id'])}: {s['bands']} bands {s['shape'][0]}x{s['shape'][1]} {s['dtype']} "
+                  f"[{s['profile']}] {escape(prods)}" + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
+    for r in rejected:
+        out.print(f"  [red]rejected[/red] {escape(str(r['source']))}: {', '.join(r['errors'])}")

@@ -1,0 +1,64 @@
+"""Errors raised by cubelake.
+
+Every error names the file it is about, what was received, what was expected and how to
+fix it. Domain errors also inherit the matching built-in so callers can catch either.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ContentMismatchError",
+    "CubelakeError",
+    "LakeError",
+    "NoCubeError",
+    "ProfileError",
+    "SceneNotFoundError",
+    "SceneReadError",
+    "SceneRejectedError",
+    "UnsupportedFormatError",
+]
+
+
+class CubelakeError(Exception):
+    """Base class of every error cubelake raises on purpose."""
+
+
+class ConfigError(CubelakeError, ValueError):
+    """An option or setting has a value cubelake cannot use."""
+
+
+class ProfileError(ConfigError):
+    """A sensor profile (YAML) is malformed or inconsistent."""
+
+
+class SceneNotFoundError(CubelakeError, FileNotFoundError):
+    """An input path does not exist."""
+
+
+class UnsupportedFormatError(CubelakeError, ValueError):
+    """An input exists but is not a format cubelake can read."""
+
+
+class ContentMismatchError(UnsupportedFormatError):
+    """A file's content is not what its name says (e.g. a JPEG named ``.TIF``)."""
+
+
+class SceneReadError(CubelakeError, OSError):
+    """Reading pixels or metadata from a scene failed."""
+
+
+class NoCubeError(SceneReadError):
+    """A container (e.g. a MATLAB file) holds no array that can be read as a cube."""
+
+
+class SceneRejectedError(CubelakeError, ValueError):
+    """Validation found errors; the report is attached as ``report``."""
+
+    def __init__(self, message: str, report: object | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class LakeError(CubelakeError, OSError):
+    """The lake directory is unusable (not writable, foreign layout, newer format)."""

@@ -1,0 +1,221 @@
+"""The lake on disk: where products live, and how they appear atomically.
+
+Layout (``LAKE_VERSION`` 1)::
+
+    <lake>/lake.json                 format marker
+    <lake>/scenes/<id>/              one published scene: scene.json, validation.json, <id>.tif, <id>.zarr/
+    <lake>/rejected/<id>.json        validation report of the latest rejected attempt
+    <lake>/.staging/<id>.<pid>.<n>/  products being built (never read by anyone)
+    <lake>/.trash/                   replaced scenes on their way out
+    <lake>/.locks/<id>.lock          one ingest of a scene at a time, across processes
+
+A scene is built completely in ``.staging`` and moved into ``scenes/`` with one ``rename``,
+so readers see the old scene or the new one, never a partial one. After a crash, stale
+staging folders (their process is gone) are removed and a scene caught mid-replacement is
+restored from ``.trash``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import LakeError
+
+__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "safe_scene_id"]
+
+log = logging.getLogger(__name__)
+
+LAKE_VERSION = 1
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_scene_id(name: str, max_len: int = 96) -> str:
+    """A scene id from a file name: letters, digits, ``.``, ``_``, ``-`` only; no separators or ``..``."""
+    cleaned = _SAFE.sub("_", name).strip("._-")
+    cleaned = re.sub(r"\.{2,}", ".", cleaned)
+    if not cleaned:
+        cleaned = "scene"
+    if len(cleaned) > max_len:
+        digest = hashlib.sha1(cleaned.encode()).hexdigest()[:8]
+        cleaned = f"{cleaned[: max_len - 9]}-{digest}"
+    return cleaned
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so readers see the old content or the new, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lake:
+    """A lake rooted at a local directory (created on first use)."""
+
+    def __init__(self, root: str | Path, *, create: bool = True) -> None:
+        self.root = Path(root)
+        marker = self.root / "lake.json"
+        if marker.is_file():
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise LakeError(f"{marker}: unreadable lake marker ({exc}); is this a cubelake lake?") from exc
+            if info.get("format") != "cubelake-lake":
+                raise LakeError(f"{marker}: not a cubelake lake marker (format={info.get('format')!r})")
+            if int(info.get("version", 0)) > LAKE_VERSION:
+                raise LakeError(
+                    f"{self.root}: lake format version {info['version']} is newer than this cubelake "
+                    f"understands ({LAKE_VERSION}); upgrade cubelake"
+                )
+        elif create:
+            if self.root.exists() and any(self.root.iterdir()):
+                raise LakeError(
+                    f"{self.root}: exists, is not empty and is not a cubelake lake; choose an empty or new --lake folder"
+                )
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                for sub in ("scenes", "rejected", ".staging", ".trash", ".locks"):
+                    (self.root / sub).mkdir(exist_ok=True)
+                atomic_write_text(marker, json.dumps({"format": "cubelake-lake", "version": LAKE_VERSION}) + "\n")
+            except OSError as exc:
+                raise LakeError(f"{self.root}: cannot create the lake here: {exc.strerror or exc}") from exc
+        else:
+            raise LakeError(f"{self.root}: no cubelake lake here (no lake.json); create one with 'cubelake ingest --lake'")
+        for sub in ("scenes", "rejected", ".staging", ".trash", ".locks"):
+            (self.root / sub).mkdir(exist_ok=True)
+
+    # -- layout -------------------------------------------------------------
+    @property
+    def scenes_dir(self) -> Path:
+        return self.root / "scenes"
+
+    def scene_dir(self, scene_id: str) -> Path:
+        if safe_scene_id(scene_id) != scene_id:
+            raise LakeError(f"{scene_id!r} is not a safe scene id")
+        return self.scenes_dir / scene_id
+
+    def rejected_path(self, scene_id: str) -> Path:
+        return self.root / "rejected" / f"{scene_id}.json"
+
+    def scene_record(self, scene_id: str) -> dict[str, Any] | None:
+        """The published ``scene.json`` of a scene, or ``None``."""
+        path = self.scene_dir(scene_id) / "scene.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning("unreadable scene record %s: %s", path, exc)
+            return None
+
+    def scene_ids(self) -> list[str]:
+        return sorted(p.name for p in self.scenes_dir.iterdir() if p.is_dir() and (p / "scene.json").is_file())
+
+    def rejected_ids(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "rejected").glob("*.json"))
+
+    # -- concurrency and atomicity -----------------------------------------
+    @contextlib.contextmanager
+    def lock(self, scene_id: str, *, blocking: bool = True) -> Iterator[bool]:
+        """Hold the scene's lock across processes; yields False if ``blocking=False`` and it is taken."""
+        path = self.root / ".locks" / f"{scene_id}.lock"
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def staging(self, scene_id: str) -> Iterator[Path]:
+        """A fresh private folder for building a scene; removed on exit unless published."""
+        path = self.root / ".staging" / f"{scene_id}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        try:
+            yield path
+        finally:
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def publish(self, staged: Path, scene_id: str) -> Path:
+        """Move a complete staged scene into ``scenes/<id>``, replacing any previous version."""
+        target = self.scene_dir(scene_id)
+        trash = None
+        if target.exists():
+            trash = self.root / ".trash" / f"{scene_id}.{uuid.uuid4().hex[:8]}"
+            os.rename(target, trash)
+        try:
+            os.rename(staged, target)
+        except OSError:
+            if trash is not None:
+                os.rename(trash, target)
+            raise
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.rejected_path(scene_id).unlink()
+        return target
+
+    def record_rejection(self, scene_id: str, record: dict[str, Any]) -> Path:
+        path = self.rejected_path(scene_id)
+        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+        return path
+
+    def recover(self) -> list[str]:
+        """Clean up after crashed ingests; returns what was done, one line each."""
+        done: list[str] = []
+        for entry in (self.root / ".staging").iterdir():
+            parts = entry.name.rsplit(".", 2)
+            pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+                continue
+            if pid == os.getpid():
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            done.append(f"removed unfinished build {entry.name}")
+        for entry in (self.root / ".trash").iterdir():
+            scene_id = entry.name.rsplit(".", 1)[0]
+            with self.lock(scene_id, blocking=False) as held:
+                if not held:
+                    continue  # a live ingest of this scene is mid-replacement
+                target = self.scenes_dir / scene_id
+                if not target.exists() and (entry / "scene.json").is_file():
+                    try:
+                        os.rename(entry, target)
+                        done.append(f"restored scene {scene_id} interrupted while being replaced")
+                        continue
+                    except OSError as exc:
+                        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                            raise
+                shutil.rmtree(entry, ignore_errors=True)
+        for line in done:
+            log.info("%s: %s", self.root, line)
+        return done

@@ -1,0 +1,296 @@
+"""Calibration as reversible coders, and the plan that turns DNs into stored values. Pure numpy.
+
+For every kept band ``b``::
+
+    value  = gain[b] × DN + offset[b]            (LinearCoder, float64; NaN where DN is nodata/non-finite)
+    stored = value                               (float32 encoding), or
+    stored = round((value - add_offset) / scale_factor)   (int16/uint16 CF encoding, fill where NaN)
+
+Each step has ``encode``/``decode`` and ``to_dict``/``from_dict`` (the record in every product's
+metadata), so what was applied can be audited and undone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BandSelection",
+    "CFEncoder",
+    "CalibrationPlan",
+    "LinearCoder",
+    "SUPPORTED_DTYPES",
+    "default_fill",
+]
+
+#: Source data types cubelake ingests (complex and 64-bit integer rasters are refused).
+SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "float64")
+
+#: Bands calibrated at once: bounds the float64 working set to ``_GROUP × chunk²`` values.
+_GROUP = 16
+
+
+def default_fill(dtype: str) -> float:
+    """The fill value of an encoding: NaN for floats, the type's extreme for integers."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return math.nan
+    info = np.iinfo(dt)
+    return float(info.min) if dt.kind == "i" else float(info.max)
+
+
+@dataclass(frozen=True, slots=True)
+class BandSelection:
+    """Kept bands (0-based source indices) and why the others were removed (1-based number -> reason)."""
+
+    n_source: int
+    keep: tuple[int, ...]
+    removed: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def is_all(self) -> bool:
+        return len(self.keep) == self.n_source
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": "select_bands",
+            "n_source": self.n_source,
+            "keep": [k + 1 for k in self.keep],
+            "removed": {str(k): v for k, v in sorted(self.removed.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BandSelection:
+        return cls(d["n_source"], tuple(k - 1 for k in d["keep"]), {int(k): v for k, v in d["removed"].items()})
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCoder:
+    """``value = gain × DN + offset`` per band (kept bands only, in output order)."""
+
+    gains: tuple[float, ...]
+    offsets: tuple[float, ...]
+    source: str = "none"
+
+    @property
+    def is_identity(self) -> bool:
+        return all(g == 1.0 for g in self.gains) and all(o == 0.0 for o in self.offsets)
+
+    def decode(self, dn: np.ndarray) -> np.ndarray:
+        """DN ``(band, y, x)`` -> physical values (float64)."""
+        g = np.asarray(self.gains, dtype=np.float64)[:, None, None]
+        o = np.asarray(self.offsets, dtype=np.float64)[:, None, None]
+        return dn.astype(np.float64) * g + o
+
+    def encode(self, value: np.ndarray) -> np.ndarray:
+        """Physical values -> DN (float64; the inverse of :meth:`decode`)."""
+        g = np.asarray(self.gains, dtype=np.float64)[:, None, None]
+        o = np.asarray(self.offsets, dtype=np.float64)[:, None, None]
+        return (np.asarray(value, dtype=np.float64) - o) / g
+
+    def subset(self, start: int, stop: int) -> LinearCoder:
+        return LinearCoder(self.gains[start:stop], self.offsets[start:stop], self.source)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": "linear",
+            "formula": "value = gain * DN + offset",
+            "source": self.source,
+            "gain": list(self.gains),
+            "offset": list(self.offsets),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LinearCoder:
+        return cls(tuple(d["gain"]), tuple(d["offset"]), d.get("source", "none"))
+
+
+@dataclass(frozen=True, slots=True)
+class CFEncoder:
+    """Stored representation: float32, a source integer type unchanged, or int with CF scale/offset."""
+
+    dtype: str
+    scale_factor: float = 1.0
+    add_offset: float = 0.0
+    fill_value: float | None = None
+
+    @property
+    def is_integer(self) -> bool:
+        return np.dtype(self.dtype).kind in "iu"
+
+    @property
+    def is_scaled(self) -> bool:
+        return self.scale_factor != 1.0 or self.add_offset != 0.0
+
+    def valid_range(self) -> tuple[float, float]:
+        """Stored values that are data (the fill value at an extreme is excluded)."""
+        dt = np.dtype(self.dtype)
+        if dt.kind == "f":
+            return (-math.inf, math.inf)
+        info = np.iinfo(dt)
+        lo, hi = float(info.min), float(info.max)
+        if self.fill_value == lo:
+            lo += 1
+        elif self.fill_value == hi:
+            hi -= 1
+        return lo, hi
+
+    def encode(self, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Physical float64 (NaN = missing) -> stored array and the per-band count of clipped values."""
+        clipped = np.zeros(value.shape[0], dtype=np.int64)
+        if not self.is_integer:
+            return value.astype(self.dtype), clipped
+        q = (value - self.add_offset) / self.scale_factor if self.is_scaled else value.copy()
+        np.rint(q, out=q)
+        missing = np.isnan(q)
+        lo, hi = self.valid_range()
+        with np.errstate(invalid="ignore"):
+            over = (q < lo) | (q > hi)
+        if over.any():
+            clipped = over.sum(axis=(1, 2))
+            np.clip(q, lo, hi, out=q)
+        if missing.any():
+            if self.fill_value is None:
+                raise ValueError("missing values need a fill value to be encoded as integers")
+            q[missing] = self.fill_value
+        return q.astype(self.dtype), clipped
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        """Stored -> physical float64 with NaN where the fill value is."""
+        v = stored.astype(np.float64)
+        if self.fill_value is not None and not math.isnan(self.fill_value):
+            v[stored == self.fill_value] = np.nan
+        if self.is_scaled:
+            v = v * self.scale_factor + self.add_offset
+        return v
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step": "cf_encode", "dtype": self.dtype}
+        if self.is_scaled:
+            d["formula"] = "stored = round((value - add_offset) / scale_factor)"
+            d["scale_factor"] = self.scale_factor
+            d["add_offset"] = self.add_offset
+        d["_FillValue"] = None if self.fill_value is None else ("NaN" if math.isnan(self.fill_value) else self.fill_value)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CFEncoder:
+        fv = d.get("_FillValue")
+        fill = math.nan if fv == "NaN" else fv
+        return cls(d["dtype"], d.get("scale_factor", 1.0), d.get("add_offset", 0.0), fill)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationPlan:
+    """Everything needed to turn a source block of all bands into the stored block of kept bands."""
+
+    source_dtype: str
+    selection: BandSelection
+    nodata: float | None
+    linear: LinearCoder
+    encoding: CFEncoder
+    quantity: str | None = None
+    unit: str | None = None
+
+    @property
+    def passthrough(self) -> bool:
+        """Stored values are the source values (only masking/band selection applied)."""
+        return self.linear.is_identity and self.encoding.dtype == self.source_dtype and not self.encoding.is_scaled
+
+    @property
+    def n_out(self) -> int:
+        return len(self.selection.keep)
+
+    def invalid_mask(self, block: np.ndarray) -> np.ndarray | None:
+        """True where a source value is nodata or non-finite; ``None`` when nothing can be."""
+        is_float = block.dtype.kind == "f"
+        if self.nodata is None and not is_float:
+            return None
+        mask = np.zeros(block.shape, dtype=bool)
+        if self.nodata is not None:
+            if math.isnan(self.nodata):
+                pass  # NaN nodata is covered by the non-finite test below
+            else:
+                np.equal(block, block.dtype.type(self.nodata), out=mask)
+        if is_float:
+            mask |= ~np.isfinite(block)
+        return mask
+
+    def apply(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``raw (source band, y, x)`` -> ``(stored (kept band, y, x), clipped count per kept band)``."""
+        if raw.shape[0] != self.selection.n_source:
+            raise ValueError(f"expected {self.selection.n_source} source bands, got {raw.shape[0]}")
+        keep = self.selection.keep
+        sel = raw if self.selection.is_all else raw[list(keep)]
+        out = np.empty(sel.shape, dtype=self.encoding.dtype)
+        clipped = np.zeros(len(keep), dtype=np.int64)
+        fill = self.encoding.fill_value
+        for g0 in range(0, len(keep), _GROUP):
+            g1 = min(len(keep), g0 + _GROUP)
+            block = sel[g0:g1]
+            invalid = self.invalid_mask(block)
+            if self.passthrough:
+                out[g0:g1] = block
+                if invalid is not None and fill is not None and invalid.any():
+                    out[g0:g1][invalid] = fill
+                continue
+            value = self.linear.subset(g0, g1).decode(block)
+            if invalid is not None:
+                value[invalid] = np.nan
+            enc, clip = self.encoding.encode(value)
+            out[g0:g1] = enc
+            clipped[g0:g1] = clip
+        return out, clipped
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        """Stored kept bands -> physical values (float64, NaN = missing)."""
+        return self.encoding.decode(stored)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source_dtype": self.source_dtype,
+            "quantity": self.quantity,
+            "unit": self.unit,
+            "steps": [
+                self.selection.to_dict(),
+                {"step": "nodata_mask", "nodata": _json_float(self.nodata), "mask_nonfinite": True},
+                self.linear.to_dict(),
+                self.encoding.to_dict(),
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CalibrationPlan:
+        steps = {s["step"]: s for s in d["steps"]}
+        nd = steps["nodata_mask"]["nodata"]
+        return cls(
+            source_dtype=d["source_dtype"],
+            selection=BandSelection.from_dict(steps["select_bands"]),
+            nodata=math.nan if nd == "NaN" else nd,
+            linear=LinearCoder.from_dict(steps["linear"]),
+            encoding=CFEncoder.from_dict(steps["cf_encode"]),
+            quantity=d.get("quantity"),
+            unit=d.get("unit"),
+        )
+
+
+def _json_float(v: float | None) -> float | str | None:
+    if v is None:
+        return None
+    return "NaN" if math.isnan(v) else v
+
+
+def broadcast(value: float | Sequence[float] | None, n: int, default: float, what: str) -> list[float]:
+    """A scalar or per-band list as a per-band list of length ``n``."""
+    if value is None:
+        return [default] * n
+    if isinstance(value, int | float):
+        return [float(value)] * n
+    if len(value) != n:
+        raise ValueError(f"{what} has {len(value)} values for {n} bands; give one per band or a single number")
+    return [float(v) for v in value]

@@ -1,0 +1,110 @@
+"""Scene identity: ids, content hashes of the source files, and the config hash.
+
+Re-ingesting is skipped when both hashes equal the published scene's. File hashes are reused
+from the published record while a file's size and mtime are unchanged (as git and rsync do),
+so an unchanged scene costs a ``stat`` per file, not a re-read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cubelake.lake import Lake, safe_scene_id
+
+from .sources import SceneInput, SceneKind
+from .sources.envi import DATA_EXTENSIONS
+
+__all__ = ["FORMAT_VERSION", "FileFingerprint", "config_hash", "content_hash", "fingerprint_files", "scene_id_for"]
+
+#: Bumped when products change shape for the same inputs and config (forces re-ingest).
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FileFingerprint:
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:
+    """Size, mtime and SHA-256 of each file; hashes reused from ``previous`` when size+mtime match."""
+    known = {}
+    if previous:
+        known = {f["path"]: f for f in previous.get("source", {}).get("files", [])}
+    out = []
+    for f in files:
+        p = Path(f).resolve()
+        st = p.stat()
+        old = known.get(str(p))
+        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
+            digest = old["sha256"]
+        else:
+            digest = _sha256(p)
+        out.append(FileFingerprint(str(p), st.st_size, st.st_mtime_ns, digest))
+    return out
+
+
+def content_hash(prints: list[FileFingerprint]) -> str:
+    """One hash for the scene's bytes, independent of where the files are."""
+    h = hashlib.sha256()
+    for fp in prints:
+        h.update(fp.sha256.encode())
+    return h.hexdigest()
+
+
+def config_hash(settings: dict[str, Any]) -> str:
+    payload = {"format_version": FORMAT_VERSION, **settings}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _base_name(inp: SceneInput, tags: dict[str, str] | None) -> str:
+    if inp.kind is SceneKind.LANDSAT:
+        if tags and tags.get("LANDSAT_SCENE_ID"):
+            return tags["LANDSAT_SCENE_ID"]
+        name = inp.path.name
+        for suffix in ("_MTL.txt", "_MTL.json", "_MTL.TXT", "_MTL.JSON"):
+            name = name.removesuffix(suffix)
+        return name
+    if inp.kind is SceneKind.ENVI:
+        stem = inp.path.name.removesuffix(".hdr").removesuffix(".HDR")
+        for ext in DATA_EXTENSIONS:
+            if ext and stem.lower().endswith(ext):
+                stem = stem[: -len(ext)]
+        return stem
+    return inp.path.stem
+
+
+def scene_id_for(lake: Lake, inp: SceneInput, tags: dict[str, str] | None = None) -> str:
+    """A safe, stable id; another source already owning the name gets a path-hash suffix."""
+    base = safe_scene_id(_base_name(inp, tags))
+    source = str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path)
+    for cand in (base, f"{base}-{hashlib.sha1(source.encode()).hexdigest()[:8]}"):
+        rec = lake.scene_record(cand)
+        if rec is None:
+            rej = lake.rejected_path(cand)
+            if rej.is_file():
+                try:
+                    owner = json.loads(rej.read_text()).get("source", {}).get("path")
+                except (OSError, json.JSONDecodeError):
+                    owner = None
+                if owner not in (None, source):
+                    continue
+            return cand
+        if rec.get("source", {}).get("path") == source:
+            return cand
+    return f"{base}-{hashlib.sha1(source.encode()).hexdigest()[:8]}"

@@ -1,0 +1,495 @@
+"""``ingest``: validate, calibrate and convert scenes into a lake; ``validate``: the checks alone.
+
+Per scene: open -> header checks -> plan (profile, bands, calibration) -> unchanged? skip ->
+one pixel pass that checks every block and writes calibrated units into a private staging
+folder -> COG compression and validation -> records -> one atomic rename into the lake.
+A rejected scene leaves its report in ``rejected/`` and nothing else; other scenes go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rasterio
+
+from cubelake import __version__
+from cubelake.errors import (
+    ContentMismatchError,
+    CubelakeError,
+    NoCubeError,
+    SceneNotFoundError,
+    SceneReadError,
+    UnsupportedFormatError,
+)
+from cubelake.grid import ChunkGrid
+from cubelake.lake import Lake, atomic_write_text
+
+from .cog_writer import BandMeta, CogSettings, CogSink, dataset_tags
+from .identity import config_hash, content_hash, fingerprint_files, scene_id_for
+from .labels import LabelPlan, plan_labels, write_labels
+from .plan import ScenePlan, build_plan
+from .profile import SensorProfile, match_profile
+from .report import Code, Issue, ValidationReport, error, warning
+from .scan import ScanResult, scan
+from .sources import RasterSource, SceneInput, SceneKind, SourceOptions, discover, open_source
+from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
+from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
+
+__all__ = [
+    "PRODUCTS",
+    "IngestOptions",
+    "IngestResult",
+    "Outcome",
+    "ProgressEvent",
+    "ingest",
+    "ingest_scene",
+    "validate",
+    "validate_scene",
+]
+
+log = logging.getLogger(__name__)
+
+PRODUCTS = ("cog", "zarr")
+# Errors after which reading pixels is pointless or unsafe (bombs, missing data).
+_NO_PIXEL_PASS = {
+    Code.NOT_FOUND, Code.UNREADABLE, Code.NOT_A_RASTER, Code.CONTENT_MISMATCH, Code.DATA_FILE_MISSING,
+    Code.TOO_LARGE, Code.BAD_DIMENSIONS, Code.UNSUPPORTED_DTYPE, Code.NO_CUBE, Code.NO_VALID_DATA,
+}
+
+
+class Outcome(StrEnum):
+    INGESTED = "ingested"
+    UNCHANGED = "unchanged"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOptions:
+    """What to build and how. ``profile=None`` picks a bundled profile by its match rules, else generic."""
+
+    products: tuple[str, ...] = PRODUCTS
+    profile: SensorProfile | None = None
+    chunk: int | None = None
+    shard: int | None = None
+    workers: int = max(1, os.cpu_count() or 1)
+    limits: Limits = field(default_factory=Limits)
+    source: SourceOptions = field(default_factory=SourceOptions)
+    zarr_codec: ZarrCodecSpec = field(default_factory=ZarrCodecSpec)
+    gdal_cache_bytes: int = 256 * 1024**2
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.products if p not in PRODUCTS]
+        if unknown or not self.products:
+            raise ValueError(f"products must be a non-empty subset of {PRODUCTS}, got {list(self.products)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """Progress of one scene: ``stage`` is 'open', 'scan', 'cog', 'publish' or 'done'."""
+
+    path: str
+    stage: str
+    done: int = 0
+    total: int = 0
+
+
+@dataclass(slots=True)
+class IngestResult:
+    path: str
+    scene_id: str | None
+    outcome: Outcome
+    report: ValidationReport
+    message: str
+    products: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    bytes_read: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "scene_id": self.scene_id,
+            "outcome": str(self.outcome),
+            "message": self.message,
+            "products": self.products,
+            "seconds": round(self.seconds, 3),
+            "errors": [i.to_dict() for i in self.report.errors],
+            "warnings": [i.to_dict() for i in self.report.warnings],
+        }
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def _open_error(path: Path, exc: Exception) -> Issue:
+    if isinstance(exc, SceneNotFoundError):
+        return error(Code.NOT_FOUND, str(exc))
+    if isinstance(exc, ContentMismatchError):
+        return error(Code.CONTENT_MISMATCH, str(exc))
+    if isinstance(exc, UnsupportedFormatError):
+        return error(Code.NOT_A_RASTER, str(exc))
+    if isinstance(exc, NoCubeError):
+        return error(Code.NO_CUBE, str(exc))
+    return error(Code.UNREADABLE, str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+
+
+@dataclass(slots=True)
+class _Opened:
+    source: RasterSource | None
+    report: ValidationReport
+    plan: ScenePlan | None = None
+    labels: LabelPlan | None = None
+
+
+def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
+    """Open a scene and run every check that needs no pixel pass."""
+    report = ValidationReport(path=str(inp.path))
+    try:
+        source = open_source(inp, _source_options(options))
+    except CubelakeError as exc:
+        report.extend([_open_error(inp.path, exc)])
+        return _Opened(None, report)
+    except MemoryError as exc:  # a hostile header can make a reader over-allocate
+        report.extend([error(Code.TOO_LARGE, f"{inp.path}: reading the header ran out of memory ({exc})")])
+        return _Opened(None, report)
+    meta = source.meta
+    report.format, report.shape, report.dtype = meta.format, meta.shape, meta.dtype
+    report.extend(meta.issues)
+    if inp.kind is SceneKind.ENVI and inp.data is None:
+        report.extend([error(Code.DATA_FILE_MISSING,
+                             f"{inp.path}: the ENVI header's data file is missing (looked for the header name "
+                             "without .hdr, and with .img/.dat/.bsq/.bil/.bip/.raw); put it next to the header")])
+    report.extend(check_dimensions(meta, options.limits))
+    if any(i.code in (Code.TOO_LARGE, Code.BAD_DIMENSIONS) for i in report.errors):
+        return _Opened(source, report)
+    report.extend(check_georeferencing(meta))
+    if meta.format in ("GTiff", "COG") and inp.kind is SceneKind.GDAL:
+        report.extend(inspect_tiff(meta.path))
+    profile = options.profile or match_profile(meta) or SensorProfile()
+    plan, issues = build_plan(meta, profile, chunk=options.chunk)
+    report.extend(issues)
+    labels = None
+    label_src = inp.labels
+    if label_src is not None or getattr(source, "labels", None) is not None:
+        labels, lab_issues = plan_labels(source, label_src)
+        report.extend(lab_issues)
+    return _Opened(source, report, plan, labels)
+
+
+def _source_options(options: IngestOptions) -> SourceOptions:
+    s = options.source
+    if s.max_bytes is None:
+        return SourceOptions(s.variable, s.axes, s.labels_variable, options.limits.max_bytes)
+    return s
+
+
+def _pixel_pass(opened: _Opened, options: IngestOptions, sinks: Sequence[Any], progress: Callable[[int, int], None] | None,
+                chunk: int, shard: int | None) -> ScanResult:
+    assert opened.source is not None
+    meta = opened.source.meta
+    grid = ChunkGrid.square(meta.height, meta.width, chunk)
+    with rasterio.Env(GDAL_CACHEMAX=options.gdal_cache_bytes):
+        result = scan(
+            opened.source,
+            grid,
+            plan=opened.plan.calibration if opened.plan is not None else None,
+            sinks=sinks,
+            units_per_side=shard or 1,
+            workers=options.workers,
+            progress=progress,
+        )
+    nodata = opened.plan.calibration.nodata if opened.plan is not None else meta.nodata
+    opened.report.extend(result.issues)
+    if not result.issues:
+        opened.report.extend(stats_issues(result.stats, meta, nodata))
+    opened.report.band_stats = result.stats.raw_dict()
+    opened.report.blocks_checked = result.units
+    return result
+
+
+def validate_scene(inp: SceneInput | str | Path, options: IngestOptions | None = None,
+                   progress: ProgressCallback | None = None) -> ValidationReport:
+    """Run every check on one scene (reading every block) without writing anything."""
+    options = options or IngestOptions()
+    if not isinstance(inp, SceneInput):
+        found = discover([inp])
+        if len(found) != 1:
+            raise CubelakeError(f"{inp}: expected one scene, found {len(found)}; pass a single scene path")
+        inp = found[0]
+    opened = _open_and_check(inp, options)
+    try:
+        if opened.source is not None and not any(i.code in _NO_PIXEL_PASS for i in opened.report.errors):
+            chunk = opened.plan.chunk if opened.plan else options.chunk or 256
+            cb = (lambda d, t: progress(ProgressEvent(str(inp.path), "scan", d, t))) if progress else None
+            _pixel_pass(opened, options, (), cb, chunk, None)
+    finally:
+        if opened.source is not None:
+            opened.source.close()
+    return opened.report
+
+
+def validate(paths: Sequence[str | Path], options: IngestOptions | None = None,
+             progress: ProgressCallback | None = None) -> list[ValidationReport]:
+    """Validate every scene found under ``paths``."""
+    return [validate_scene(s, options, progress) for s in discover(paths, labels=None)]
+
+
+def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
+    return {
+        "profile": plan.profile.config_dict(),
+        "products": sorted(options.products),
+        "chunk": plan.chunk,
+        "shard": options.shard if options.shard is not None else plan.profile.products.shard,
+        "zarr_codec": {"cname": options.zarr_codec.cname, "clevel": options.zarr_codec.clevel, "shuffle": options.zarr_codec.shuffle},
+        "calibration": plan.calibration.to_dict(),
+    }
+
+
+def _reject(lake: Lake, scene_id: str, inp: SceneInput, report: ValidationReport, t0: float,
+            kept_previous: bool) -> IngestResult:
+    record = {
+        "scene_id": scene_id,
+        "source": {"path": str(inp.path.resolve()) if inp.path.exists() else str(inp.path)},
+        "rejected_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cubelake_version": __version__,
+        "report": report.to_dict(),
+    }
+    path = lake.record_rejection(scene_id, record)
+    reasons = "; ".join(f"{i.code.value}: {i.message}" for i in report.errors)
+    note = " (the previously ingested version is kept)" if kept_previous else ""
+    return IngestResult(str(inp.path), scene_id, Outcome.REJECTED, report,
+                        f"rejected{note}: {reasons} [report: {path}]", seconds=time.perf_counter() - t0)
+
+
+def _json_safe(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, np.generic):
+        return _json_safe(v.item())
+    return v
+
+
+def _dir_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = None,
+                 progress: ProgressCallback | None = None) -> IngestResult:
+    """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
+    options = options or IngestOptions()
+    t0 = time.perf_counter()
+
+    def emit(stage: str, done: int = 0, total: int = 0) -> None:
+        if progress:
+            progress(ProgressEvent(str(inp.path), stage, done, total))
+
+    emit("open")
+    opened = _open_and_check(inp, options)
+    report = opened.report
+    source = opened.source
+    try:
+        scene_id = scene_id_for(lake, inp, source.meta.tags if source is not None else None)
+        with lake.lock(scene_id):
+            previous = lake.scene_record(scene_id)
+            if not report.ok or source is None or opened.plan is None:
+                if source is not None and not any(i.code in _NO_PIXEL_PASS for i in report.errors):
+                    _pixel_pass(opened, options, (), None, options.chunk or 256, None)
+                return _reject(lake, scene_id, inp, report, t0, previous is not None)
+            plan = opened.plan
+            meta = source.meta
+            settings = _settings(plan, options)
+            cfg_hash = config_hash(settings)
+            prints = fingerprint_files(list(meta.files) + ([str(inp.labels)] if inp.labels else []), previous)
+            c_hash = content_hash(prints)
+            if (
+                previous is not None
+                and not options.force
+                and previous.get("source", {}).get("content_hash") == c_hash
+                and previous.get("config_hash") == cfg_hash
+            ):
+                emit("done")
+                return IngestResult(
+                    str(inp.path), scene_id, Outcome.UNCHANGED, report,
+                    f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
+                    products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
+                    seconds=time.perf_counter() - t0,
+                )
+            return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, prints, c_hash, previous, t0, emit)
+    finally:
+        if source is not None:
+            source.close()
+
+
+def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+           settings: dict[str, Any], cfg_hash: str, prints: list[Any], c_hash: str,
+           previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
+    assert opened.source is not None and opened.plan is not None
+    source, plan, report = opened.source, opened.plan, opened.report
+    meta = source.meta
+    cal = plan.calibration
+    nb = cal.n_out
+    shard = settings["shard"]
+    bands = [BandMeta(b.source_number, b.name, b.wavelength_nm, b.fwhm_nm) for b in plan.bands]
+    record_core = {
+        "scene_id": scene_id,
+        "calibration": cal.to_dict(),
+        "content_hash": c_hash,
+        "config_hash": cfg_hash,
+        "version": __version__,
+    }
+    with lake.staging(scene_id) as staged:
+        sinks: list[Any] = []
+        cog = None
+        zarr_path = staged / f"{scene_id}.zarr"
+        cog_path = staged / f"{scene_id}.tif"
+        data_attrs = {
+            "long_name": cal.quantity or "calibrated values",
+            **({"units": cal.unit} if cal.unit else {}),
+            "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
+        }
+        if "zarr" in options.products:
+            create_zarr(
+                zarr_path,
+                shape=(nb, meta.height, meta.width),
+                chunk=plan.chunk,
+                encoding=cal.encoding,
+                band_numbers=[b.source_number for b in plan.bands],
+                wavelengths_nm=[b.wavelength_nm for b in plan.bands],
+                fwhm_nm=[b.fwhm_nm for b in plan.bands],
+                band_names=[b.name for b in plan.bands],
+                transform=meta.transform,
+                crs_wkt=meta.crs_wkt,
+                attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path, "cubelake:content_hash": c_hash,
+                       "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
+                       **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
+                data_attrs=data_attrs,
+                codec=options.zarr_codec,
+                shard=shard,
+                labels_dtype=opened.labels.dtype if opened.labels is not None else None,
+            )
+            sinks.append(ZarrSink(zarr_path))
+        if "cog" in options.products:
+            cog = CogSink(
+                staged / f".{scene_id}.staging.tif",
+                cog_path,
+                shape=(nb, meta.height, meta.width),
+                encoding=cal.encoding,
+                transform=meta.transform,
+                crs_wkt=meta.crs_wkt,
+                bands=bands,
+                tags=dataset_tags(record_core),
+                settings=CogSettings(plan.chunk, plan.profile.products.compression, plan.profile.products.level,
+                                     plan.profile.products.overviews, options.workers),
+                unit=cal.unit,
+            )
+            sinks.append(cog)
+        try:
+            result = _pixel_pass(opened, options, sinks, lambda d, t: emit("scan", d, t), plan.chunk, shard)
+        except BaseException:
+            if cog is not None:
+                cog.abort()
+            raise
+        if result.clipped is not None and result.clipped.any():
+            over = [plan.bands[i].source_number for i in np.flatnonzero(result.clipped)]
+            report.extend([warning(
+                Code.ENCODING_CLIPPED,
+                f"{int(result.clipped.sum())} value(s) outside the {cal.encoding.dtype} range were clipped "
+                f"(scale_factor {cal.encoding.scale_factor:g}); widen the encoding in the profile",
+                bands=over)])
+        if not report.ok:
+            if cog is not None:
+                cog.abort()
+            return _reject(lake, scene_id, inp, report, t0, previous is not None)
+        products: dict[str, str] = {}
+        product_info: dict[str, Any] = {}
+        if cog is not None:
+            emit("cog")
+            info = cog.finish()
+            products["cog"] = cog_path.name
+            product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
+                                   "sha256": fingerprint_files([str(cog_path)])[0].sha256,
+                                   "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
+                                   "validator_warnings": info["warnings"]}
+        labels_info = None
+        if opened.labels is not None:
+            labels_info = write_labels(opened.labels, staged, scene_id, plan.chunk,
+                                       zarr_path if "zarr" in options.products else None,
+                                       meta.transform, meta.crs_wkt, "cog" in options.products)
+        if "zarr" in options.products:
+            products["zarr"] = zarr_path.name
+            product_info["zarr"] = {"path": zarr_path.name, "array": "data", "bytes": _dir_size(zarr_path),
+                                    "media_type": "application/vnd+zarr; version=3"}
+        phys = result.stats.physical(cal.selection.keep, cal.linear)
+        record = {
+            **record_core,
+            "format_version": 1,
+            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": {
+                "path": str(inp.path.resolve()),
+                "format": meta.format,
+                "files": [p.to_dict() for p in prints],
+                "content_hash": c_hash,
+                "shape": list(meta.shape),
+                "dtype": meta.dtype,
+                "nodata": meta.nodata,
+            },
+            "profile": {"name": plan.profile.name, "origin": plan.profile.origin, "settings": plan.profile.config_dict()},
+            "settings": settings,
+            "grid": {
+                "height": meta.height, "width": meta.width, "crs_wkt": meta.crs_wkt, "crs_epsg": meta.crs_epsg,
+                "transform": list(meta.transform) if meta.transform else None,
+                "georeferenced": meta.transform is not None, "chunk_shape": [nb, plan.chunk, plan.chunk],
+                "shard_chunks": shard,
+            },
+            "datetime": meta.datetime,
+            "tags": meta.tags,
+            "bands": [
+                {"index": i, "source_band": b.source_number, "name": b.name, "wavelength_nm": b.wavelength_nm,
+                 "fwhm_nm": b.fwhm_nm, **{k: phys[k][i] for k in phys}}
+                for i, b in enumerate(plan.bands)
+            ],
+            "encoding": cal.encoding.to_dict(),
+            "products": product_info,
+            "labels": labels_info,
+            "validation": {"ok": True, "warnings": [w.to_dict() for w in report.warnings]},
+        }
+        record = _json_safe(record)
+        atomic_write_text(staged / "validation.json", report.to_json() + "\n")
+        atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
+        if "zarr" in options.products:
+            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))})
+        emit("publish")
+        target = lake.publish(staged, scene_id)
+    emit("done")
+    return IngestResult(
+        str(inp.path), scene_id, Outcome.INGESTED, report,
+        f"ingested: {' + '.join(products)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
+        f"{cal.encoding.dtype}) -> {target}",
+        products={k: str(target / v) for k, v in products.items()},
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
+           progress: ProgressCallback | None = None, labels: str | Path | None = None) -> list[IngestResult]:
+    """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
+    lk = lake if isinstance(lake, Lake) else Lake(lake)
+    lk.recover()
+    return [ingest_scene(s, lk, options, progress) for s in discover(paths, labels=labels)]

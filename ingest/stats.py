@@ -1,0 +1,126 @@
+"""Per-band statistics accumulated block by block over the source. Pure numpy.
+
+One pass over the raw values serves both validation (all-nodata, constant and non-finite
+bands) and the product's band statistics: the physical mean/std/min/max of a linearly
+calibrated band follow exactly from the raw ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .calibrate import LinearCoder
+
+__all__ = ["ScanStats"]
+
+
+class ScanStats:
+    """Running count/min/max/sum/sum² of valid values, and NaN/±inf counts, per source band."""
+
+    def __init__(self, n_bands: int, nodata: float | None) -> None:
+        self.n = n_bands
+        self.nodata = nodata
+        self.pixels = np.zeros(n_bands, dtype=np.int64)
+        self.valid = np.zeros(n_bands, dtype=np.int64)
+        self.nan = np.zeros(n_bands, dtype=np.int64)
+        self.inf = np.zeros(n_bands, dtype=np.int64)
+        self.min = np.full(n_bands, np.inf)
+        self.max = np.full(n_bands, -np.inf)
+        self.sum = np.zeros(n_bands, dtype=np.float64)
+        self.sumsq = np.zeros(n_bands, dtype=np.float64)
+
+    def update(self, block: np.ndarray, group: int = 16) -> None:
+        """Add a ``(band, y, x)`` block holding every source band."""
+        if block.shape[0] != self.n:
+            raise ValueError(f"expected {self.n} bands, got {block.shape[0]}")
+        is_float = block.dtype.kind == "f"
+        npx = block.shape[1] * block.shape[2]
+        self.pixels += npx
+        for g0 in range(0, self.n, group):
+            g1 = min(self.n, g0 + group)
+            b = block[g0:g1].reshape(g1 - g0, -1)
+            invalid = None
+            if is_float:
+                nan = np.isnan(b)
+                inf = np.isinf(b)
+                self.nan[g0:g1] += nan.sum(axis=1)
+                self.inf[g0:g1] += inf.sum(axis=1)
+                invalid = nan | inf
+            if self.nodata is not None and not math.isnan(self.nodata):
+                nd = b == b.dtype.type(self.nodata)
+                invalid = nd if invalid is None else (invalid | nd)
+            x = b.astype(np.float64)
+            if invalid is not None and invalid.any():
+                cnt = npx - invalid.sum(axis=1)
+                x[invalid] = np.nan
+                with np.errstate(invalid="ignore"):
+                    has = cnt > 0
+                    if has.any():
+                        self.min[g0:g1][has] = np.minimum(self.min[g0:g1][has], np.nanmin(x[has], axis=1))
+                        self.max[g0:g1][has] = np.maximum(self.max[g0:g1][has], np.nanmax(x[has], axis=1))
+                x[invalid] = 0.0
+            else:
+                cnt = np.full(g1 - g0, npx, dtype=np.int64)
+                self.min[g0:g1] = np.minimum(self.min[g0:g1], x.min(axis=1))
+                self.max[g0:g1] = np.maximum(self.max[g0:g1], x.max(axis=1))
+            self.valid[g0:g1] += cnt
+            self.sum[g0:g1] += x.sum(axis=1)
+            self.sumsq[g0:g1] += np.einsum("ij,ij->i", x, x)
+
+    def merge(self, other: ScanStats) -> None:
+        self.pixels += other.pixels
+        self.valid += other.valid
+        self.nan += other.nan
+        self.inf += other.inf
+        self.min = np.minimum(self.min, other.min)
+        self.max = np.maximum(self.max, other.max)
+        self.sum += other.sum
+        self.sumsq += other.sumsq
+
+    def mean(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.valid > 0, self.sum / np.maximum(self.valid, 1), np.nan)
+
+    def std(self) -> np.ndarray:
+        m = self.mean()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = np.where(self.valid > 0, self.sumsq / np.maximum(self.valid, 1) - m * m, np.nan)
+        return np.sqrt(np.maximum(var, 0.0))
+
+    def raw_dict(self) -> dict[str, list[Any]]:
+        """Source-band statistics (raw DN), JSON-ready (None for bands with no valid value)."""
+        def f(a: np.ndarray) -> list[float | None]:
+            return [None if not math.isfinite(v) else float(v) for v in a]
+
+        return {
+            "pixels": [int(v) for v in self.pixels],
+            "valid": [int(v) for v in self.valid],
+            "nan": [int(v) for v in self.nan],
+            "inf": [int(v) for v in self.inf],
+            "min": f(self.min),
+            "max": f(self.max),
+            "mean": f(self.mean()),
+            "std": f(self.std()),
+        }
+
+    def physical(self, keep: tuple[int, ...], linear: LinearCoder) -> dict[str, list[Any]]:
+        """Statistics of the calibrated kept bands: exact under ``value = g × DN + o``."""
+        g = np.asarray(linear.gains)
+        o = np.asarray(linear.offsets)
+        idx = list(keep)
+        mn, mx = self.min[idx] * g + o, self.max[idx] * g + o
+        lo, hi = np.minimum(mn, mx), np.maximum(mn, mx)
+
+        def f(a: np.ndarray) -> list[float | None]:
+            return [None if not math.isfinite(v) else float(v) for v in a]
+
+        return {
+            "count": [int(v) for v in self.valid[idx]],
+            "min": f(lo),
+            "max": f(hi),
+            "mean": f(self.mean()[idx] * g + o),
+            "std": f(self.std()[idx] * np.abs(g)),
+        }

@@ -1,0 +1,202 @@
+"""Scene checks that need no pixel pass: size limits, georeferencing, TIFF block table.
+
+Pixel-level checks (every block decodes, all-nodata/constant/non-finite bands) run in the
+scan (:mod:`.scan`) and are turned into issues by :func:`stats_issues`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+
+from .report import Code, Issue, error, warning
+from .sources import SceneMetadata
+from .spectral import format_band_ranges
+from .stats import ScanStats
+
+__all__ = ["Limits", "check_dimensions", "check_georeferencing", "inspect_tiff", "stats_issues"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Guards checked from the header, before any pixel is read (decompression-bomb defence)."""
+
+    max_bytes: int = 64 * 1024**3  # decoded size of the whole scene
+    max_dimension: int = 1_000_000  # rows or columns
+    max_bands: int = 10_000
+
+
+def check_dimensions(meta: SceneMetadata, limits: Limits) -> list[Issue]:
+    issues: list[Issue] = []
+    h, w, n = meta.height, meta.width, meta.count
+    if h <= 0 or w <= 0 or n <= 0:
+        issues.append(
+            error(Code.BAD_DIMENSIONS, f"declared size is {n} bands x {h} rows x {w} columns; every dimension must be > 0")
+        )
+        return issues
+    if h > limits.max_dimension or w > limits.max_dimension:
+        issues.append(
+            error(
+                Code.TOO_LARGE,
+                f"declared size {h} rows x {w} columns exceeds the {limits.max_dimension}-pixel limit per dimension; "
+                "a header this large on a small file is a decompression bomb. Raise --max-dimension if it is genuine",
+            )
+        )
+    if n > limits.max_bands:
+        issues.append(
+            error(Code.TOO_LARGE, f"declared {n} bands exceeds the {limits.max_bands}-band limit; raise --max-bands if genuine")
+        )
+    try:
+        itemsize = np.dtype(meta.dtype).itemsize
+    except TypeError:
+        itemsize = 8
+    decoded = h * w * n * itemsize
+    if decoded > limits.max_bytes:
+        on_disk = sum(os.path.getsize(f) for f in meta.files if os.path.isfile(f))
+        issues.append(
+            error(
+                Code.TOO_LARGE,
+                f"declared size {n}x{h}x{w} {meta.dtype} decodes to {decoded / 1024**3:.1f} GiB, over the "
+                f"{limits.max_bytes / 1024**3:.1f} GiB limit (the file is {on_disk / 1024**2:.1f} MiB on disk). "
+                "If the scene is genuine, raise --max-bytes",
+            )
+        )
+    return issues
+
+
+def check_georeferencing(meta: SceneMetadata) -> list[Issue]:
+    issues: list[Issue] = []
+    if meta.format.startswith("MAT"):
+        return issues  # the reader already warned: MATLAB files have no georeferencing
+    if meta.transform is None:
+        hint = " (the file has RPCs: orthorectify it first, e.g. gdalwarp -rpc)" if meta.has_rpcs else ""
+        issues.append(
+            warning(
+                Code.NO_TRANSFORM,
+                f"no geotransform; the product uses a pixel grid (x, y = pixel centres){hint}",
+            )
+        )
+    else:
+        a, b, _c, d, e, _f = meta.transform
+        if b != 0 or d != 0:
+            issues.append(
+                warning(
+                    Code.ROTATED_TRANSFORM,
+                    f"rotated/sheared geotransform (b={b:g}, d={d:g}); the COG keeps it, the Zarr stores it as "
+                    "GeoTransform without 1-D x/y coordinates. Warp to a north-up grid (gdalwarp) for x/y coordinates",
+                )
+            )
+        elif e > 0:
+            issues.append(
+                warning(
+                    Code.Y_UP_TRANSFORM,
+                    f"y-up geotransform (pixel height {e:g} > 0): row 0 is the southern edge; kept as is",
+                )
+            )
+    if meta.crs_wkt is None:
+        issues.append(warning(Code.NO_CRS, "no coordinate reference system; coordinates are not tied to the Earth"))
+    return issues
+
+
+def inspect_tiff(path: str) -> list[Issue]:
+    """Block-table checks of a TIFF: blocks beyond the end of the file (truncation) and absent blocks."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return []
+    tlog = logging.getLogger("tifffile")
+    level = tlog.level
+    tlog.setLevel(logging.CRITICAL)  # tifffile logs every odd tag of a damaged file; we report our own finding
+    try:
+        with tifffile.TiffFile(p) as tif:
+            page = tif.pages.first
+            offsets = np.asarray(page.dataoffsets, dtype=np.uint64)
+            counts = np.asarray(page.databytecounts, dtype=np.uint64)
+    except Exception as exc:  # tifffile raises many types on damaged files; GDAL has the final say
+        log.debug("tifffile could not inspect %s: %s", path, exc)
+        return []
+    finally:
+        tlog.setLevel(level)
+    issues: list[Issue] = []
+    if len(offsets) == 0 or len(offsets) != len(counts):
+        return issues
+    present = counts > 0
+    ends = offsets + counts
+    beyond = present & (ends > np.uint64(size))
+    if beyond.any():
+        issues.append(
+            error(
+                Code.TRUNCATED,
+                f"{int(beyond.sum())} of {len(offsets)} blocks lie beyond the end of the file ({size} bytes; the "
+                f"furthest ends at byte {int(ends[present].max())}): the file is truncated or its block table is "
+                "corrupt. Re-copy or re-download it",
+                where=f"first bad block #{int(np.argmax(beyond))}",
+            )
+        )
+    absent = int((~present).sum())
+    if absent == len(offsets):
+        issues.append(
+            error(
+                Code.NO_VALID_DATA,
+                f"all {absent} blocks of the full-resolution image are absent (sparse file): there are no pixels to "
+                "ingest",
+            )
+        )
+    elif absent:
+        issues.append(
+            warning(
+                Code.SPARSE_BLOCKS,
+                f"{absent} of {len(offsets)} blocks are absent (sparse TIFF); GDAL reads them as nodata/0",
+            )
+        )
+    return issues
+
+
+def stats_issues(stats: ScanStats, meta: SceneMetadata, nodata: float | None) -> list[Issue]:
+    """Band-level findings of the pixel pass."""
+    issues: list[Issue] = []
+    empty = [i + 1 for i in range(stats.n) if stats.valid[i] == 0]
+    if empty and len(empty) == stats.n:
+        issues.append(
+            error(
+                Code.NO_VALID_DATA,
+                f"every band is entirely nodata ({'nodata=' + repr(nodata) if nodata is not None else 'non-finite'}): "
+                "the scene holds no data. If the nodata value is wrong, override it with a profile",
+            )
+        )
+        return issues
+    if empty:
+        issues.append(
+            warning(Code.ALL_NODATA_BAND, f"band(s) {format_band_ranges(empty)} are entirely nodata", bands=empty)
+        )
+    const = [i + 1 for i in range(stats.n) if stats.valid[i] > 1 and stats.min[i] == stats.max[i]]
+    if const:
+        issues.append(
+            warning(
+                Code.CONSTANT_BAND,
+                f"band(s) {format_band_ranges(const)} are constant (e.g. band {const[0]} = {stats.min[const[0] - 1]:g})",
+                bands=const,
+            )
+        )
+    bad = [i + 1 for i in range(stats.n) if stats.nan[i] or stats.inf[i]]
+    if bad:
+        nan, inf = int(stats.nan.sum()), int(stats.inf.sum())
+        issues.append(
+            warning(
+                Code.NONFINITE_VALUES,
+                f"{nan} NaN and {inf} infinite value(s) in band(s) {format_band_ranges(bad)}; they are treated as nodata",
+                bands=bad,
+            )
+        )
+    return issues
+
+

@@ -1,0 +1,156 @@
+"""Native Zarr v3 product: a group holding ``data (band, y, x)`` and its coordinates.
+
+Metadata is written by xarray (so xarray/rioxarray read the store with the conventions they
+expect: dimension names, CF ``scale_factor``/``add_offset``/``_FillValue``, coordinates, a CF
+grid mapping with ``crs_wkt`` and ``GeoTransform``); pixels are then written chunk by chunk
+(or shard by shard) with zarr-python, so memory never holds more than a few units.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.codecs import BloscCodec
+
+from cubelake.grid import Window
+
+from .calibrate import CFEncoder
+
+__all__ = ["ZarrCodecSpec", "ZarrSink", "create_zarr", "finish_zarr", "grid_coords"]
+
+
+@dataclass(frozen=True, slots=True)
+class ZarrCodecSpec:
+    """Blosc settings of the ``data`` array (chosen by ``bench/zarr_codecs.py``; see BENCHMARKS.md)."""
+
+    cname: Literal["zstd", "lz4", "lz4hc", "zlib"] = "zstd"
+    clevel: int = 3
+    shuffle: Literal["shuffle", "bitshuffle", "noshuffle"] = "shuffle"
+
+    def codec(self) -> BloscCodec:
+        return BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle)
+
+
+def grid_coords(
+    transform: tuple[float, float, float, float, float, float] | None, height: int, width: int
+) -> dict[str, np.ndarray] | None:
+    """Cell-centre ``x``/``y`` from a north-up (or y-up) transform; pixel centres without one.
+
+    Returns ``None`` for rotated/sheared transforms, which 1-D coordinates cannot express.
+    """
+    if transform is None:
+        return {"x": np.arange(width) + 0.5, "y": np.arange(height) + 0.5}
+    a, b, c, d, e, f = transform
+    if b != 0 or d != 0:
+        return None
+    return {"x": c + a * (np.arange(width) + 0.5), "y": f + e * (np.arange(height) + 0.5)}
+
+
+def _fill_json(v: float | None) -> Any:
+    if v is None:
+        return None
+    return float("nan") if math.isnan(v) else v
+
+
+def create_zarr(
+    path: Path,
+    *,
+    shape: tuple[int, int, int],
+    chunk: int,
+    encoding: CFEncoder,
+    band_numbers: list[int],
+    wavelengths_nm: list[float | None],
+    fwhm_nm: list[float | None],
+    band_names: list[str | None],
+    transform: tuple[float, float, float, float, float, float] | None,
+    crs_wkt: str | None,
+    attrs: dict[str, Any],
+    data_attrs: dict[str, Any],
+    codec: ZarrCodecSpec,
+    shard: int | None = None,
+    labels_dtype: str | None = None,
+) -> None:
+    """Write the store's metadata and coordinates; ``data`` (and ``labels``) chunks come later."""
+    nb, ny, nx = shape
+    coords: dict[str, Any] = {"band": ("band", np.asarray(band_numbers, dtype=np.int32), {"long_name": "source band number (1-based)"})}
+    if all(w is not None for w in wavelengths_nm):
+        coords["wavelength"] = ("band", np.asarray(wavelengths_nm, dtype=np.float64), {"units": "nm", "long_name": "band centre wavelength"})
+    if all(f is not None for f in fwhm_nm):
+        coords["fwhm"] = ("band", np.asarray(fwhm_nm, dtype=np.float64), {"units": "nm", "long_name": "full width at half maximum"})
+    if all(n for n in band_names):
+        # names go in an attribute: Zarr v3 has no specified fixed-length string type yet
+        data_attrs = {**data_attrs, "band_names": [str(n) for n in band_names]}
+    xy = grid_coords(transform, ny, nx)
+    georef = transform is not None
+    if xy is not None:
+        xattrs = {"standard_name": "projection_x_coordinate", "axis": "X"} if georef else {"long_name": "pixel column centre", "units": "pixel"}
+        yattrs = {"standard_name": "projection_y_coordinate", "axis": "Y"} if georef else {"long_name": "pixel row centre", "units": "pixel"}
+        coords["x"] = ("x", xy["x"], xattrs)
+        coords["y"] = ("y", xy["y"], yattrs)
+    if crs_wkt is not None or transform is not None:
+        gm: dict[str, Any] = {}
+        if crs_wkt is not None:
+            gm["crs_wkt"] = crs_wkt
+            gm["spatial_ref"] = crs_wkt
+        if transform is not None:
+            a, b, c, d, e, f = transform
+            gm["GeoTransform"] = " ".join(repr(v) for v in (c, a, b, f, d, e))
+        coords["spatial_ref"] = ((), np.int32(0), gm)
+        data_attrs["grid_mapping"] = "spatial_ref"
+    data = da.zeros(shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=(nb, chunk, chunk))
+    variables: dict[str, Any] = {"data": (("band", "y", "x"), data, data_attrs)}
+    enc: dict[str, Any] = {
+        "data": {
+            "dtype": encoding.dtype,
+            "chunks": (nb, chunk, chunk),
+            "compressors": [codec.codec()],
+        }
+    }
+    if encoding.fill_value is not None:
+        enc["data"]["_FillValue"] = _fill_json(encoding.fill_value)
+        enc["data"]["fill_value"] = _fill_json(encoding.fill_value)
+    if encoding.is_scaled:
+        enc["data"]["scale_factor"] = encoding.scale_factor
+        enc["data"]["add_offset"] = encoding.add_offset
+    if shard:
+        enc["data"]["shards"] = (nb, min(ny, chunk * shard), min(nx, chunk * shard))
+    if labels_dtype is not None:
+        variables["labels"] = (("y", "x"), da.zeros((ny, nx), dtype=labels_dtype, chunks=(chunk, chunk)),
+                               {"long_name": "class label per pixel (0 = unlabelled)", **({"grid_mapping": "spatial_ref"} if "spatial_ref" in coords else {})})
+        enc["labels"] = {"chunks": (chunk, chunk), "compressors": [codec.codec()]}
+    ds = xr.Dataset(variables, coords=coords, attrs=attrs)
+    ds.to_zarr(str(path), mode="w-", zarr_format=3, compute=False, encoding=enc, consolidated=False)
+
+
+class ZarrSink:
+    """Writes stored ``(band, y, x)`` units into the ``data`` array. Thread-safe for disjoint units."""
+
+    def __init__(self, path: Path, name: str = "data") -> None:
+        self.array = zarr.open_array(str(path), path=name, mode="r+")
+
+    def write(self, window: Window, data: np.ndarray) -> None:
+        if data.ndim == 2:
+            self.array[window.row_off : window.row_end, window.col_off : window.col_end] = data
+        else:
+            self.array[:, window.row_off : window.row_end, window.col_off : window.col_end] = data
+
+
+def finish_zarr(path: Path, data_attrs: dict[str, Any]) -> None:
+    """Add the attributes known only after the pixel pass, then consolidate the metadata.
+
+    Consolidated metadata is a zarr-python extension to v3 (readers without it ignore the
+    extra key); it lets xarray open the store with one read instead of one per array.
+    """
+    group = zarr.open_group(str(path), mode="r+")
+    group["data"].attrs.update(data_attrs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(str(path))

@@ -1,0 +1,1 @@
+"""PyTorch loaders: arrive with their own issue."""
