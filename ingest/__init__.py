@@ -7,7 +7,17 @@
 from __future__ import annotations
 
 from .calibrate import BandSelection, CalibrationPlan, CFEncoder, LinearCoder
-from .pipeline import PRODUCTS, IngestOptions, IngestResult, Outcome, ProgressEvent, ingest, ingest_scene, validate, validate_scene
+from .pipeline import (
+    PRODUCTS,
+    IngestOptions,
+    IngestResult,
+    Outcome,
+    ProgressEvent,
+    ingest,
+    ingest_scene,
+    validate,
+    validate_scene,
+)
 from .profile import SensorProfile, builtin_profiles, load_profile, match_profile
 from .report import Code, Issue, Severity, ValidationReport
 from .sources import SceneInput, SourceOptions, discover, open_source

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "SUPPORTED_DTYPES",
     "BandSelection",
     "CFEncoder",
     "CalibrationPlan",
     "LinearCoder",
-    "SUPPORTED_DTYPES",
     "default_fill",
 ]
 

@@ -130,7 +130,7 @@ def write_labels(plan: LabelPlan, staged: Path, scene_id: str, chunk: int, zarr_
     if cog:
         target = staged / f"{scene_id}.labels.tif"
         sink = CogSink(
-            staged / f".{scene_id}.labels.staging.tif", target, shape=(1, *arr.shape),
+            target, shape=(1, *arr.shape),
             encoding=CFEncoder(plan.dtype), transform=transform, crs_wkt=crs_wkt,
             bands=[BandMeta(1, "labels", None, None)], tags={"CUBELAKE_LABELS_SOURCE": plan.source},
             settings=CogSettings(chunk=chunk),

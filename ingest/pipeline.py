@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from cubelake.errors import (
     CubelakeError,
     NoCubeError,
     SceneNotFoundError,
-    SceneReadError,
     UnsupportedFormatError,
 )
 from cubelake.grid import ChunkGrid
@@ -72,6 +72,7 @@ class Outcome(StrEnum):
     INGESTED = "ingested"
     UNCHANGED = "unchanged"
     REJECTED = "rejected"
+    FAILED = "failed"  # not the input's fault: an I/O or internal error while building
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +317,12 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
             meta = source.meta
             settings = _settings(plan, options)
             cfg_hash = config_hash(settings)
-            prints = fingerprint_files(list(meta.files) + ([str(inp.labels)] if inp.labels else []), previous)
+            files = list(meta.files) + ([str(inp.labels)] if inp.labels else [])
+            if previous is None:
+                # nothing to compare with: hash the source while the products are built
+                hasher = _Background(lambda: fingerprint_files(files, None))
+                return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0, emit)
+            prints = fingerprint_files(files, previous)
             c_hash = content_hash(prints)
             if (
                 previous is not None
@@ -331,14 +337,38 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
                     products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
                     seconds=time.perf_counter() - t0,
                 )
-            return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, prints, c_hash, previous, t0, emit)
+            return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
+                          previous, t0, emit)
     finally:
         if source is not None:
             source.close()
 
 
+class _Background:
+    """Run one function in a thread; ``result()`` joins it and re-raises its error."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # handed to the caller by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="cubelake-hash", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
-           settings: dict[str, Any], cfg_hash: str, prints: list[Any], c_hash: str,
+           settings: dict[str, Any], cfg_hash: str, hasher: _Background,
            previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     assert opened.source is not None and opened.plan is not None
     source, plan, report = opened.source, opened.plan, opened.report
@@ -350,7 +380,6 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
     record_core = {
         "scene_id": scene_id,
         "calibration": cal.to_dict(),
-        "content_hash": c_hash,
         "config_hash": cfg_hash,
         "version": __version__,
     }
@@ -376,7 +405,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 band_names=[b.name for b in plan.bands],
                 transform=meta.transform,
                 crs_wkt=meta.crs_wkt,
-                attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path, "cubelake:content_hash": c_hash,
+                attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
                        "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
                        **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
                 data_attrs=data_attrs,
@@ -387,7 +416,6 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             sinks.append(ZarrSink(zarr_path))
         if "cog" in options.products:
             cog = CogSink(
-                staged / f".{scene_id}.staging.tif",
                 cog_path,
                 shape=(nb, meta.height, meta.width),
                 encoding=cal.encoding,
@@ -437,6 +465,9 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             product_info["zarr"] = {"path": zarr_path.name, "array": "data", "bytes": _dir_size(zarr_path),
                                     "media_type": "application/vnd+zarr; version=3"}
         phys = result.stats.physical(cal.selection.keep, cal.linear)
+        prints = hasher.result()
+        c_hash = content_hash(prints)
+        record_core["content_hash"] = c_hash
         record = {
             **record_core,
             "format_version": 1,
@@ -474,7 +505,8 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         atomic_write_text(staged / "validation.json", report.to_json() + "\n")
         atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
         if "zarr" in options.products:
-            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))})
+            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))},
+                        {"cubelake:content_hash": c_hash})
         emit("publish")
         target = lake.publish(staged, scene_id)
     emit("done")
@@ -492,4 +524,15 @@ def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: Ingest
     """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
     lk = lake if isinstance(lake, Lake) else Lake(lake)
     lk.recover()
-    return [ingest_scene(s, lk, options, progress) for s in discover(paths, labels=labels)]
+    results = []
+    for scene in discover(paths, labels=labels):
+        try:
+            results.append(ingest_scene(scene, lk, options, progress))
+        except (OSError, CubelakeError, ValueError, RuntimeError) as exc:
+            # one scene's build failure must not stop the others; it is logged and counted
+            log.exception("building %s failed", scene.path)
+            report = ValidationReport(path=str(scene.path))
+            results.append(IngestResult(str(scene.path), None, Outcome.FAILED, report,
+                                        f"failed while building products ({type(exc).__name__}: {exc}); nothing was "
+                                        "published. If the input is fine, this is a cubelake bug: please report it"))
+    return results

@@ -12,11 +12,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibrate import SUPPORTED_DTYPES, BandSelection, CalibrationPlan, CFEncoder, LinearCoder, broadcast, default_fill
+from .calibrate import (
+    SUPPORTED_DTYPES,
+    BandSelection,
+    CalibrationPlan,
+    CFEncoder,
+    LinearCoder,
+    broadcast,
+    default_fill,
+)
 from .profile import SensorProfile
 from .report import Code, Issue, error, warning
 from .sources import SceneMetadata
-from .spectral import bands_in_windows, check_fwhm, check_wavelengths, format_band_ranges, overlap_drops
+from .spectral import (
+    bands_in_windows,
+    check_fwhm,
+    check_wavelengths,
+    format_band_ranges,
+    overlap_drops,
+)
 
 __all__ = ["OutputBand", "ScenePlan", "build_plan"]
 

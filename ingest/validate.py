@@ -7,7 +7,6 @@ scan (:mod:`.scan`) and are turned into issues by :func:`stats_issues`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path

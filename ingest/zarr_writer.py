@@ -143,7 +143,7 @@ class ZarrSink:
             self.array[:, window.row_off : window.row_end, window.col_off : window.col_end] = data
 
 
-def finish_zarr(path: Path, data_attrs: dict[str, Any]) -> None:
+def finish_zarr(path: Path, data_attrs: dict[str, Any], group_attrs: dict[str, Any] | None = None) -> None:
     """Add the attributes known only after the pixel pass, then consolidate the metadata.
 
     Consolidated metadata is a zarr-python extension to v3 (readers without it ignore the
@@ -151,6 +151,8 @@ def finish_zarr(path: Path, data_attrs: dict[str, Any]) -> None:
     """
     group = zarr.open_group(str(path), mode="r+")
     group["data"].attrs.update(data_attrs)
+    if group_attrs:
+        group.attrs.update(group_attrs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
         zarr.consolidate_metadata(str(path))

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["STATE", "err_console", "out_console", "progress_bars", "print_json", "escape"]
+__all__ = ["STATE", "err_console", "escape", "out_console", "print_json", "progress_bars"]
 
 
 @dataclass

@@ -79,7 +79,7 @@ def _print_issues(console, report: ValidationReport) -> None:  # type: ignore[no
 def _render_results(results: list[IngestResult]) -> None:
     out = out_console()
     mark = {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
-            Outcome.REJECTED: "[red]rejected [/red]"}
+            Outcome.REJECTED: "[red]rejected [/red]", Outcome.FAILED: "[red]failed   [/red]"}
     for r in results:
         out.print(f"{mark[r.outcome]} {escape(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
         out.print(f"    {escape(r.message)}")
@@ -88,7 +88,7 @@ def _render_results(results: list[IngestResult]) -> None:
     counts = {o: sum(r.outcome is o for r in results) for o in Outcome}
     out.print(
         f"\n{len(results)} scene(s): {counts[Outcome.INGESTED]} ingested, {counts[Outcome.UNCHANGED]} unchanged, "
-        f"{counts[Outcome.REJECTED]} rejected"
+        f"{counts[Outcome.REJECTED]} rejected" + (f", {counts[Outcome.FAILED]} failed" if counts[Outcome.FAILED] else "")
     )
 
 
@@ -119,7 +119,7 @@ def ingest_cmd(
         print_json({"lake": str(lk.root), "results": [r.to_dict() for r in results]})
     else:
         _render_results(results)
-    raise typer.Exit(1 if any(r.outcome is Outcome.REJECTED for r in results) else 0)
+    raise typer.Exit(1 if any(r.outcome in (Outcome.REJECTED, Outcome.FAILED) for r in results) else 0)
 
 
 def validate_cmd(
