@@ -370,7 +370,8 @@ class _Background:
 def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
            settings: dict[str, Any], cfg_hash: str, hasher: _Background,
            previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
-    assert opened.source is not None and opened.plan is not None
+    assert opened.source is not None
+    assert opened.plan is not None
     source, plan, report = opened.source, opened.plan, opened.report
     meta = source.meta
     cal = plan.calibration

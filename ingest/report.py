@@ -118,7 +118,9 @@ class ValidationReport:
         return not self.errors
 
     def extend(self, issues: Iterable[Issue]) -> None:
-        self.issues.extend(issues)
+        """Add issues; one that does not say where it is gets the scene's path."""
+        for i in issues:
+            self.issues.append(i if i.where else Issue(i.severity, i.code, i.message, i.bands, self.path))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +161,6 @@ class ValidationReport:
             f"- {len(self.errors)} error(s), {len(self.warnings)} warning(s)"
         ]
         for i in self.errors + self.warnings:
-            loc = f" [{i.where}]" if i.where else ""
+            loc = f" [{i.where}]" if i.where and i.where != self.path else ""
             lines.append(f"  {i.severity.value}: {i.code.value}: {i.message}{loc}")
         return "\n".join(lines)

@@ -84,7 +84,7 @@ def check_georeferencing(meta: SceneMetadata) -> list[Issue]:
             )
         )
     else:
-        a, b, _c, d, e, _f = meta.transform
+        _a, b, _c, d, e, _f = meta.transform
         if b != 0 or d != 0:
             issues.append(
                 warning(

@@ -105,7 +105,9 @@ def create_zarr(
             gm["GeoTransform"] = " ".join(repr(v) for v in (c, a, b, f, d, e))
         coords["spatial_ref"] = ((), np.int32(0), gm)
         data_attrs["grid_mapping"] = "spatial_ref"
-    data = da.zeros(shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=(nb, chunk, chunk))
+    # the dask array is a placeholder (compute=False writes metadata only); xarray wants it aligned to the write unit
+    unit = chunk * (shard or 1)
+    data = da.zeros(shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=(nb, unit, unit))
     variables: dict[str, Any] = {"data": (("band", "y", "x"), data, data_attrs)}
     enc: dict[str, Any] = {
         "data": {

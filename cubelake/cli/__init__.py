@@ -53,5 +53,5 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted: nothing partial was published (unfinished builds are removed on the next run)\n")
+        sys.stderr.write(_ingest.INTERRUPTED + "\n")
         sys.exit(130)

@@ -25,7 +25,9 @@ from cubelake.lake import Lake
 
 from ._render import STATE, err_console, escape, out_console, print_json, progress_bars
 
-__all__ = ["STATE", "err_console", "ingest_cmd", "validate_cmd"]
+__all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
+
+INTERRUPTED = "interrupted: nothing partial was published (unfinished builds are removed on the next run)"
 
 
 class OutputFormat(StrEnum):
@@ -113,8 +115,12 @@ def ingest_cmd(
         lk = Lake(lake)
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
-    with progress_bars(fmt is OutputFormat.text) as on_event:
-        results = ingest(paths, lk, opts, progress=on_event, labels=labels)
+    try:
+        with progress_bars(fmt is OutputFormat.text) as on_event:
+            results = ingest(paths, lk, opts, progress=on_event, labels=labels)
+    except KeyboardInterrupt:
+        err_console().print(INTERRUPTED)
+        raise typer.Exit(130) from None
     if fmt is OutputFormat.json:
         print_json({"lake": str(lk.root), "results": [r.to_dict() for r in results]})
     else:
@@ -134,8 +140,12 @@ def validate_cmd(
 ) -> None:
     """Run every check (every block is decoded) without writing any product."""
     opts = _options(profile, "cog", chunk, None, None, max_bytes, variable, axes, False)
-    with progress_bars(fmt is OutputFormat.text) as on_event:
-        reports = validate(paths, opts, progress=on_event)
+    try:
+        with progress_bars(fmt is OutputFormat.text) as on_event:
+            reports = validate(paths, opts, progress=on_event)
+    except KeyboardInterrupt:
+        err_console().print("interrupted")
+        raise typer.Exit(130) from None
     if report_dir is not None:
         report_dir.mkdir(parents=True, exist_ok=True)
         for r in reports:

@@ -8,13 +8,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from cubelake.errors import ContentMismatchError, SceneNotFoundError, UnsupportedFormatError
+from cubelake.errors import (
+    ContentMismatchError,
+    CubelakeError,
+    SceneNotFoundError,
+    UnsupportedFormatError,
+)
 
 from ._base import BandInfo, FileCalibration, RasterSource, SceneMetadata, block_grid
 from .envi import find_envi_data_file, find_envi_header, open_envi
@@ -34,6 +40,8 @@ __all__ = [
     "discover",
     "open_source",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Files that are never scenes when a folder is expanded (explicit file arguments are always tried).
 _SIDECAR_SUFFIXES = {
@@ -136,8 +144,8 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None) -
         if kind is SceneKind.LANDSAT:
             try:
                 consumed.update(b.resolve() for _, b in mtl_band_files(f, parse_mtl(f)))
-            except Exception:  # a broken MTL is reported when its scene is opened
-                pass
+            except (CubelakeError, OSError) as exc:  # reported when the scene is opened
+                log.debug("cannot list the bands of %s yet: %s", f, exc)
         elif kind in (SceneKind.GDAL, SceneKind.MAT, SceneKind.ENVI) and labels is None:
             label = _label_for(f)
             if label is not None:

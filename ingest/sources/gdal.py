@@ -162,7 +162,8 @@ def describe_dataset(ds: rasterio.io.DatasetReader, path: str) -> dict[str, Any]
     t = ds.transform
     identity = t.is_identity or (ds.crs is None and t == rasterio.Affine(1, 0, 0, 0, 1, 0))
     georef = not identity
-    crs = ds.crs
+    # a CRS without a geotransform (e.g. LAN files' dummy EPSG:4326) locates nothing: drop it
+    crs = ds.crs if georef else None
     epsg = None
     if crs is not None:
         try:

@@ -63,10 +63,8 @@ def parse_mtl(path: Path) -> dict[str, Any]:
             if not m or m.group(1) in ("GROUP", "END_GROUP"):
                 continue
             value: Any = m.group(2).strip('"')
-            try:
-                value = float(value) if re.fullmatch(r"[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?", value) else value
-            except ValueError:
-                pass
+            if re.fullmatch(r"[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?", value):
+                value = float(value)
             flat[m.group(1)] = value
     if "SPACECRAFT_ID" not in flat:
         raise SceneReadError(f"{path}: no SPACECRAFT_ID; not a Landsat MTL file")

@@ -251,7 +251,7 @@ def _h5_getter(ds: h5py.Dataset, perm: tuple[int, int, int]) -> Any:
     # h5py shape is the reverse of MATLAB's; MATLAB axis k is h5 axis (2 - k)
     def get(w: Window) -> np.ndarray:
         sl: list[slice] = [slice(None)] * 3
-        band_axis_m, y_axis_m, x_axis_m = perm
+        _band_axis_m, y_axis_m, x_axis_m = perm
         sl[2 - y_axis_m] = slice(w.row_off, w.row_end)
         sl[2 - x_axis_m] = slice(w.col_off, w.col_end)
         block = ds[tuple(sl)]  # h5 order

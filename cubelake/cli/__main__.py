@@ -1,0 +1,5 @@
+"""``python -m cubelake.cli``."""
+
+from . import main
+
+main()

@@ -1,0 +1,72 @@
+"""Shared fixtures: the real scenes, fresh lakes, and a seeded raster factory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.transform import from_origin
+
+from cubelake.lake import Lake
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The real scenes (see SOURCES.md there). Tests fail, not skip, if they are missing.
+REAL = Path(os.environ.get("CUBELAKE_REAL_DATA", ROOT.parent / "shared" / "data" / "real")).resolve()
+
+
+@pytest.fixture(scope="session")
+def real() -> Path:
+    assert (REAL / "SOURCES.md").is_file(), f"real test data not found at {REAL}; set CUBELAKE_REAL_DATA"
+    return REAL
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return Lake(tmp_path / "lake")
+
+
+def write_geotiff(path: Path, data: np.ndarray, **profile: Any) -> Path:
+    """Write ``data (band, y, x)`` as a GeoTIFF; ``profile`` overrides rasterio creation options."""
+    nb, ny, nx = data.shape
+    base: dict[str, Any] = {
+        "driver": "GTiff", "width": nx, "height": ny, "count": nb, "dtype": data.dtype.name,
+        "crs": "EPSG:32633", "transform": from_origin(500000.0, 5800000.0, 30.0, 30.0),
+    }
+    base.update(profile)
+    band_tags = base.pop("band_tags", None)
+    with rasterio.open(path, "w", **base) as dst:
+        dst.write(data)
+        if band_tags:
+            for i, tags in enumerate(band_tags, start=1):
+                dst.update_tags(i, **tags)
+    return path
+
+
+def hsi_cube(bands: int, height: int, width: int, dtype: str = "int16", seed: int = 0) -> np.ndarray:
+    """A seeded, smooth-spectrum test cube ``(band, y, x)`` with values valid for ``dtype``."""
+    rng = np.random.default_rng(seed)
+    wl = np.linspace(0, 1, bands)[:, None, None]
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = 0.3 + 0.2 * np.sin(yy / 7.0)[None] * np.cos(xx / 5.0)[None] + 0.3 * wl
+    cube = base + rng.normal(0, 0.01, (bands, height, width))
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return cube.astype(dt)
+    info = np.iinfo(dt)
+    lo, hi = max(info.min, -30000), min(info.max, 30000)
+    return np.clip(lo + (hi - lo) * (cube - cube.min()) / (cube.max() - cube.min() + 1e-9), lo + 1, hi - 1).astype(dt)
+
+
+@pytest.fixture
+def geotiff(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: ``geotiff(name, data, **profile)`` writes a GeoTIFF under the test's tmp dir."""
+
+    def make(name: str, data: np.ndarray, **profile: Any) -> Path:
+        return write_geotiff(tmp_path / name, data, **profile)
+
+    return make

@@ -1,0 +1,147 @@
+"""Calibration coders and the plan built from metadata + profile (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from cubelake.ingest.calibrate import BandSelection, CalibrationPlan, CFEncoder, LinearCoder
+from cubelake.ingest.plan import build_plan, effective_chunk
+from cubelake.ingest.profile import BadBands, Calibration, Encoding, SensorProfile, Spectral
+from cubelake.ingest.report import Code
+from cubelake.ingest.sources import BandInfo, FileCalibration, SceneMetadata
+
+
+def meta(n: int = 4, dtype: str = "uint16", **kw: object) -> SceneMetadata:
+    bands = kw.pop("bands", tuple(BandInfo(i + 1, wavelength_nm=500.0 + 100 * i, fwhm_nm=100.0) for i in range(n)))
+    return SceneMetadata(path="scene.tif", files=("scene.tif",), format="GTiff", count=n, height=8, width=8,
+                         dtype=dtype, bands=bands, **kw)  # type: ignore[arg-type]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    hnp.arrays(np.float64, (3, 4, 5), elements=st.floats(-1.0, 2.0, allow_nan=False)),
+)
+def test_cf_int16_roundtrip_within_half_a_step(values: np.ndarray) -> None:
+    enc = CFEncoder("int16", scale_factor=1e-4, add_offset=0.0, fill_value=-32768)
+    stored, clipped = enc.encode(values)
+    assert stored.dtype == np.int16
+    assert clipped.sum() == 0
+    back = enc.decode(stored)
+    assert np.all(np.abs(back - values) <= 0.5e-4 + 1e-12)
+
+
+def test_cf_encode_masks_nan_and_counts_clipping() -> None:
+    enc = CFEncoder("int16", scale_factor=1e-4, fill_value=-32768)
+    v = np.array([[[0.5, np.nan, 10.0, -10.0]]])
+    stored, clipped = enc.encode(v)
+    assert stored.tolist() == [[[5000, -32768, 32767, -32767]]]  # -32768 stays reserved for the fill
+    assert clipped.tolist() == [2]
+    assert np.isnan(enc.decode(stored)[0, 0, 1])
+
+
+def test_linear_coder_inverse() -> None:
+    lin = LinearCoder((0.5, 2.0), (1.0, -3.0))
+    dn = np.arange(2 * 3 * 3).reshape(2, 3, 3)
+    assert np.allclose(lin.encode(lin.decode(dn)), dn)
+    assert not lin.is_identity
+    assert LinearCoder((1.0, 1.0), (0.0, 0.0)).is_identity
+
+
+def test_plan_apply_selects_masks_and_scales() -> None:
+    plan = CalibrationPlan(
+        source_dtype="uint16",
+        selection=BandSelection(3, (0, 2), {2: "profile index"}),
+        nodata=0.0,
+        linear=LinearCoder((0.01, 0.02), (0.0, -1.0)),
+        encoding=CFEncoder("float32", fill_value=math.nan),
+    )
+    raw = np.array([[[0, 100]], [[7, 7]], [[50, 0]]], dtype=np.uint16)
+    stored, _ = plan.apply(raw)
+    expected = np.array([[[np.nan, 1.0]], [[0.0, np.nan]]], dtype=np.float32)
+    np.testing.assert_array_equal(stored, expected)
+
+
+def test_plan_passthrough_keeps_integers_and_replaces_nodata_by_fill() -> None:
+    plan = CalibrationPlan("int16", BandSelection(1, (0,)), -9999.0, LinearCoder((1.0,), (0.0,)),
+                           CFEncoder("int16", fill_value=-9999.0))
+    assert plan.passthrough
+    raw = np.array([[[1, -9999, 3]]], dtype=np.int16)
+    stored, _ = plan.apply(raw)
+    assert stored.dtype == np.int16
+    assert stored.tolist() == raw.tolist()
+
+
+def test_plan_record_roundtrips() -> None:
+    plan = CalibrationPlan("float32", BandSelection(4, (0, 1, 3), {3: "file bbl"}), -32768.0,
+                           LinearCoder((1e-4, 1e-4, 1e-4), (0.0, 0.0, 0.0), "none x scale 0.0001"),
+                           CFEncoder("int16", 1e-4, 0.0, -32768.0), "reflectance", "1")
+    assert CalibrationPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_build_plan_generic_int_is_passthrough() -> None:
+    plan, issues = build_plan(meta(4, "uint16", nodata=0.0), SensorProfile())
+    assert plan is not None
+    assert not [i for i in issues if i.severity == "error"]
+    assert plan.calibration.passthrough
+    assert plan.calibration.encoding == CFEncoder("uint16", fill_value=0.0)
+
+
+def test_build_plan_removes_water_bands_by_default_and_records_why() -> None:
+    bands = tuple(BandInfo(i + 1, wavelength_nm=w) for i, w in enumerate([1000.0, 1400.0, 1700.0, 1900.0, 2460.0]))
+    plan, _ = build_plan(meta(5, "float32", bands=bands), SensorProfile())
+    assert plan is not None
+    assert [b.source_number for b in plan.bands] == [1, 3]
+    assert plan.calibration.selection.removed == {2: "wavelength window 1400.0 nm", 4: "wavelength window 1900.0 nm",
+                                                  5: "wavelength window 2460.0 nm"}
+
+
+def test_build_plan_profile_gain_scale_and_int16_encoding() -> None:
+    prof = SensorProfile(calibration=Calibration(gain=[2.0, 4.0], offset=1.0, scale=0.5),
+                         bad_bands=BadBands(wavelength_windows_nm=[]),
+                         encoding=Encoding(dtype="int16", scale_factor=0.01))
+    plan, _ = build_plan(meta(2), prof)
+    assert plan is not None
+    assert plan.calibration.linear.gains == (1.0, 2.0)
+    assert plan.calibration.linear.offsets == (0.5, 0.5)
+    assert plan.calibration.encoding.dtype == "int16"
+
+
+def test_build_plan_named_file_calibration_missing_is_an_error() -> None:
+    prof = SensorProfile(calibration=Calibration(source="toa_reflectance"))
+    plan, issues = build_plan(meta(2, calibrations=(FileCalibration("radiance", (1.0, 1.0), (0.0, 0.0)),)), prof)
+    assert plan is None
+    assert [i.code for i in issues] == [Code.PROFILE_MISMATCH]
+    assert "'toa_reflectance'" in issues[0].message
+    assert "radiance" in issues[0].message
+
+
+def test_build_plan_profile_wavelength_count_must_match() -> None:
+    prof = SensorProfile(spectral=Spectral(wavelengths_nm=[500.0, 600.0, 700.0]))
+    plan, issues = build_plan(meta(4), prof)
+    assert plan is None
+    assert Code.WAVELENGTH_COUNT in [i.code for i in issues]
+
+
+def test_build_plan_rejects_complex() -> None:
+    plan, issues = build_plan(meta(1, "complex64"), SensorProfile())
+    assert plan is None
+    assert [i.code for i in issues] == [Code.UNSUPPORTED_DTYPE]
+
+
+def test_build_plan_all_bands_removed_is_an_error() -> None:
+    prof = SensorProfile(bad_bands=BadBands(indices=[1, 2]))
+    plan, issues = build_plan(meta(2), prof)
+    assert plan is None
+    assert Code.NO_BANDS_LEFT in [i.code for i in issues]
+
+
+@pytest.mark.parametrize(("req", "h", "w", "expected"), [(256, 10, 10, 16), (256, 32, 32, 32), (256, 100, 300, 256),
+                                                          (64, 1000, 10, 64), (256, 33, 2, 48)])
+def test_effective_chunk_never_exceeds_the_scene(req: int, h: int, w: int, expected: int) -> None:
+    assert effective_chunk(req, h, w) == expected

@@ -1,0 +1,186 @@
+"""The lake: atomic publication, idempotent re-ingest, crash and Ctrl-C safety, concurrent ingests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubelake.errors import LakeError
+from cubelake.ingest import IngestOptions, Outcome, ingest, load_profile
+from cubelake.lake import Lake, safe_scene_id
+from tests.conftest import hsi_cube, write_geotiff
+
+
+def _scene(tmp_path: Path, name: str = "scene.tif", seed: int = 0, shape: tuple[int, int, int] = (6, 70, 90)) -> Path:
+    return write_geotiff(tmp_path / name, hsi_cube(*shape, "int16", seed), nodata=-32768, tiled=True,
+                         blockxsize=32, blockysize=32)
+
+
+def test_reingest_unchanged_does_nothing_and_says_so(tmp_path: Path, lake: Lake) -> None:
+    src = _scene(tmp_path)
+    (first,) = ingest([src], lake, IngestOptions(chunk=32))
+    assert first.outcome is Outcome.INGESTED
+    scene = lake.scene_dir(first.scene_id)  # type: ignore[arg-type]
+    before = {p: p.stat().st_mtime_ns for p in scene.rglob("*")}
+    (second,) = ingest([src], lake, IngestOptions(chunk=32))
+    assert second.outcome is Outcome.UNCHANGED
+    assert "nothing to do" in second.message
+    assert {p: p.stat().st_mtime_ns for p in scene.rglob("*")} == before
+    # a touched but identical file is still unchanged (the content hash decides)
+    os.utime(src, None)
+    (third,) = ingest([src], lake, IngestOptions(chunk=32))
+    assert third.outcome is Outcome.UNCHANGED
+
+
+def test_changed_content_or_config_rebuilds(tmp_path: Path, lake: Lake) -> None:
+    src = _scene(tmp_path)
+    (a,) = ingest([src], lake, IngestOptions(chunk=32))
+    old_hash = json.loads((lake.scene_dir(a.scene_id) / "scene.json").read_text())["content_hash"]  # type: ignore[arg-type]
+    (b,) = ingest([src], lake, IngestOptions(chunk=64))
+    assert b.outcome is Outcome.INGESTED
+    assert b.scene_id == a.scene_id
+    _scene(tmp_path, seed=1)  # same path, new pixels
+    (c,) = ingest([src], lake, IngestOptions(chunk=64))
+    assert c.outcome is Outcome.INGESTED
+    rec = json.loads((lake.scene_dir(c.scene_id) / "scene.json").read_text())  # type: ignore[arg-type]
+    assert rec["content_hash"] != old_hash
+    assert rec["grid"]["chunk_shape"][1] == 64
+    assert lake.scene_ids() == [a.scene_id]
+    assert not list((lake.root / ".trash").iterdir())
+    (d,) = ingest([src], lake, IngestOptions(chunk=64, force=True))
+    assert d.outcome is Outcome.INGESTED
+
+
+def test_same_stem_in_two_folders_gets_two_ids(tmp_path: Path, lake: Lake) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    r1, r2 = ingest([_scene(tmp_path / "a"), _scene(tmp_path / "b", seed=2)], lake, IngestOptions(chunk=32))
+    assert r1.outcome is r2.outcome is Outcome.INGESTED
+    assert r1.scene_id != r2.scene_id
+    assert len(lake.scene_ids()) == 2
+
+
+def test_interrupt_mid_scan_publishes_nothing(tmp_path: Path, lake: Lake) -> None:
+    src = _scene(tmp_path, shape=(8, 256, 256))
+
+    def interrupt(ev):  # type: ignore[no-untyped-def]
+        if ev.stage == "scan" and ev.done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest([src], lake, IngestOptions(chunk=32), progress=interrupt)
+    assert lake.scene_ids() == []
+    assert list((lake.root / ".staging").iterdir()) == []
+
+
+def _wait_for_staging(lake_root: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if any((lake_root / ".staging").glob("*")):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"ingest finished before it could be interrupted: {proc.communicate()}")
+        time.sleep(0.01)
+    raise AssertionError("the ingest never started building")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_killed_cli_leaves_nothing_partial_and_next_run_cleans_up(tmp_path: Path, sig: signal.Signals) -> None:
+    src = _scene(tmp_path, shape=(64, 1024, 1024))
+    root = tmp_path / "lake"
+    Lake(root)
+    proc = subprocess.Popen([sys.executable, "-m", "cubelake.cli", "ingest", "--lake", str(root), "--workers", "1",
+                             "--chunk", "64", str(src)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_staging(root, proc)
+    proc.send_signal(sig)
+    _out, err = proc.communicate(timeout=60)
+    assert not list((root / "scenes").iterdir())  # nothing was published
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
+        assert b"interrupted" in err
+        assert not list((root / ".staging").iterdir())
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        assert list((root / ".staging").iterdir())  # the dead build is left behind ...
+    lake = Lake(root)
+    (r,) = ingest([src], lake, IngestOptions(chunk=64))  # ... and removed by the next run
+    assert r.outcome is Outcome.INGESTED
+    assert not list((root / ".staging").iterdir())
+
+
+def test_recover_restores_a_scene_caught_mid_replacement(tmp_path: Path, lake: Lake) -> None:
+    (r,) = ingest([_scene(tmp_path)], lake, IngestOptions(chunk=32))
+    sid = r.scene_id
+    assert sid is not None
+    # simulate a crash between "move old version to trash" and "move new version in"
+    os.rename(lake.scene_dir(sid), lake.root / ".trash" / f"{sid}.deadbeef")
+    assert lake.scene_ids() == []
+    done = lake.recover()
+    assert lake.scene_ids() == [sid]
+    assert any("restored" in line for line in done)
+
+
+def test_recover_keeps_live_builds(tmp_path: Path, lake: Lake) -> None:
+    live = lake.root / ".staging" / f"x.{os.getpid()}.abcd"
+    live.mkdir()
+    dead = lake.root / ".staging" / "y.999999999.abcd"
+    dead.mkdir()
+    lake.recover()
+    assert live.exists()
+    assert not dead.exists()
+
+
+@pytest.mark.slow
+def test_two_processes_ingesting_the_same_scene(tmp_path: Path) -> None:
+    src = _scene(tmp_path, shape=(32, 512, 512))
+    root = tmp_path / "lake"
+    Lake(root)
+    cmd = [sys.executable, "-m", "cubelake.cli", "ingest", "--lake", str(root), "--chunk", "64", "--format", "json", str(src)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outcomes = sorted(json.loads(p.communicate(timeout=120)[0])["results"][0]["outcome"] for p in procs)
+    assert outcomes == ["ingested", "unchanged"]
+    assert Lake(root).scene_ids() == ["scene"]
+
+
+def test_lake_refuses_foreign_or_newer_folders(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data.txt").write_text("x")
+    with pytest.raises(LakeError, match="not empty"):
+        Lake(foreign)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "lake.json").write_text(json.dumps({"format": "cubelake-lake", "version": 99}))
+    with pytest.raises(LakeError, match="newer"):
+        Lake(newer)
+    with pytest.raises(LakeError, match="no cubelake lake"):
+        Lake(tmp_path / "absent", create=False)
+
+
+@pytest.mark.parametrize(("name", "safe"), [("../../etc/passwd", "etc_passwd"), ("a b/c", "a_b_c"), ("..", "scene"),
+                                            ("x..y", "x.y"), ("ENMAP01-L2A_2022", "ENMAP01-L2A_2022")])
+def test_safe_scene_ids(name: str, safe: str) -> None:
+    assert safe_scene_id(name) == safe
+    assert "/" not in safe_scene_id(name)
+
+
+def test_profile_applies_and_is_recorded(tmp_path: Path, lake: Lake) -> None:
+    src = write_geotiff(tmp_path / "refl.tif", (hsi_cube(4, 40, 40, "float32") * 10000).astype(np.float32),
+                        nodata=-32768)
+    prof = tmp_path / "p.yaml"
+    prof.write_text("name: refl\ncalibration: {scale: 1.0e-4, quantity: reflectance, unit: '1'}\n"
+                    "encoding: {dtype: int16, scale_factor: 1.0e-4, fill_value: -32768}\nproducts: {chunk: 32}\n")
+    (r,) = ingest([src], lake, IngestOptions(profile=load_profile(prof)))
+    rec = json.loads((lake.scene_dir(r.scene_id) / "scene.json").read_text())  # type: ignore[arg-type]
+    assert rec["profile"]["name"] == "refl"
+    assert rec["encoding"]["dtype"] == "int16"
+    assert rec["calibration"]["quantity"] == "reflectance"
