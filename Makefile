@@ -28,11 +28,12 @@ demo: $(VENV)/.installed
 	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
 	@$(BIN)/cubelake lake --lake $(LAKE)
 
-test: $(VENV)/.installed
+test: lint
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cubelake ingest catalog loaders tests bench
+	$(BIN)/mypy cubelake ingest
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py

@@ -174,7 +174,7 @@ class CogSink:
         self._aborted = False
         self._error: BaseException | None = None
         raw_bytes = nb * ny * nx * self.dtype.itemsize
-        self._kwargs = {
+        self._kwargs: dict[str, Any] = {
             "shape": (ny, nx, nb) if nb > 1 else (ny, nx),
             "dtype": self.dtype,
             "tile": (settings.chunk, settings.chunk),

@@ -142,8 +142,8 @@ def _linear(meta: SceneMetadata, profile: SensorProfile, keep: tuple[int, ...], 
             fc = meta.calibrations[0]
             gains, offsets, source = list(fc.gains), list(fc.offsets), fc.name
     elif cal.source != "none":
-        fc = meta.calibration(cal.source)
-        if fc is None:
+        named = meta.calibration(cal.source)
+        if named is None:
             have = [c.name for c in meta.calibrations] or ["none"]
             issues.append(
                 error(
@@ -152,7 +152,7 @@ def _linear(meta: SceneMetadata, profile: SensorProfile, keep: tuple[int, ...], 
                 )
             )
         else:
-            gains, offsets, source = list(fc.gains), list(fc.offsets), fc.name
+            gains, offsets, source = list(named.gains), list(named.offsets), named.name
     try:
         if cal.gain is not None:
             gains, source = broadcast(cal.gain, n, 1.0, "calibration.gain"), "profile"
@@ -182,7 +182,7 @@ def _encoding(meta: SceneMetadata, profile: SensorProfile, linear: LinearCoder, 
               issues: list[Issue]) -> CFEncoder:
     enc = profile.encoding
     src_kind = np.dtype(meta.dtype).kind
-    dtype = enc.dtype
+    dtype: str = enc.dtype
     if dtype == "auto":
         dtype = meta.dtype if linear.is_identity and src_kind in "iu" else "float32"
     elif dtype == "source":

@@ -141,12 +141,12 @@ class ValidationReport:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ValidationReport:
         issues = [Issue.from_dict(i) for i in d.get("errors", []) + d.get("warnings", [])]
-        shape = tuple(d["shape"]) if d.get("shape") else None
+        shape = (int(d["shape"][0]), int(d["shape"][1]), int(d["shape"][2])) if d.get("shape") else None
         return cls(
             path=d["path"],
             issues=issues,
             format=d.get("format"),
-            shape=shape,  # type: ignore[arg-type]
+            shape=shape,
             dtype=d.get("dtype"),
             band_stats=d.get("band_stats"),
             blocks_checked=d.get("blocks_checked", 0),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from cubelake.errors import CubelakeError
 from cubelake.ingest import (
@@ -65,13 +67,13 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
         raise typer.BadParameter(f"axes {axes!r}: use yxb, xyb, byx, bxy (3-D) or bp, pb (2-D bands x pixels)",
                                  param_hint="--axes")
     limits = Limits(max_bytes=_parse_size(max_bytes)) if max_bytes else Limits()
-    kw = {"workers": workers} if workers else {}
-    return IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
-                         source=SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes),  # type: ignore[arg-type]
-                         **kw)
+    source = SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes)
+    opts = IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
+                         source=source)
+    return dataclasses.replace(opts, workers=workers) if workers else opts
 
 
-def _print_issues(console, report: ValidationReport) -> None:  # type: ignore[no-untyped-def]
+def _print_issues(console: Console, report: ValidationReport) -> None:
     for i in report.errors:
         console.print(f"    [red]error[/red]: {i.code.value}: {escape(i.message)}")
     for i in report.warnings:
