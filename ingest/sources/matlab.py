@@ -170,7 +170,7 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
                 f"{max_bytes}-byte scene limit; raise --max-bytes if it is genuine"
             )
         if axes is None:
-            axes = "yxb" if len(cube.shape) == 3 else ("bp" if grid and cube.shape[1] == grid[0] * grid[1] else "pb")
+            axes = _detect_axes(cube.shape, grid, small, cube.name)
         if len(cube.shape) == 2:
             if grid is None:
                 raise NoCubeError(
@@ -229,6 +229,25 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
             h5.close()
         raise
     return MatSource(meta, get, labels, close=h5.close if h5 is not None else None)
+
+
+def _detect_axes(shape: tuple[int, ...], grid: tuple[int, int] | None, small: dict[str, Any], cube: str) -> Axes:
+    """Axis order from the file's own hints: nRow/nCol scalars or a label map on the cube's grid.
+
+    Without hints a 3-D cube is taken as MATLAB's usual ``(y, x, band)``.
+    """
+    if len(shape) == 2:
+        return "bp" if grid and shape[1] == grid[0] * grid[1] else "pb"
+    grids = [tuple(np.asarray(v).shape) for k, v in small.items()
+             if not k.startswith("__") and k != cube and np.asarray(v).ndim == 2 and min(np.asarray(v).shape) > 1]
+    if grid is not None:
+        grids.insert(0, grid)
+    for g in grids:
+        if g == (shape[0], shape[1]):
+            return "yxb"
+        if g == (shape[1], shape[2]):
+            return "byx"
+    return "yxb"
 
 
 def _load_full(path: Path, h5: h5py.File | None, name: str) -> np.ndarray:

@@ -202,3 +202,18 @@ def test_discovery_groups_files_into_scenes(real: Path) -> None:
 def test_discovery_keeps_missing_paths(tmp_path: Path) -> None:
     (s,) = discover([tmp_path / "nope.tif"])
     assert s.kind is SceneKind.MISSING
+
+
+def test_mat_axis_order_detected_from_the_label_map(tmp_path: Path) -> None:
+    cube = np.arange(7 * 5 * 6, dtype=np.int16).reshape(7, 5, 6)  # (band, y, x), unusual in MATLAB
+    gt = np.zeros((5, 6), dtype=np.uint8)
+    gt[1, 2] = 3
+    scipy.io.savemat(tmp_path / "byx.mat", {"cube": cube, "gt": gt})
+    src = open_mat(tmp_path / "byx.mat")
+    assert src.meta.tags["axes"] == "byx"
+    assert src.meta.shape == (7, 5, 6)
+    np.testing.assert_array_equal(src.read(Window(0, 0, 5, 6)), cube)
+    np.testing.assert_array_equal(src.labels, gt)  # type: ignore[attr-defined]
+    # and the user can always say it
+    forced = open_mat(tmp_path / "byx.mat", axes="yxb")
+    assert forced.meta.shape == (6, 7, 5)
