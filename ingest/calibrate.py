@@ -144,6 +144,13 @@ class CFEncoder:
         """Physical float64 (NaN = missing) -> stored array and the per-band count of clipped values."""
         clipped = np.zeros(value.shape[0], dtype=np.int64)
         if not self.is_integer:
+            top = float(np.finfo(self.dtype).max)
+            with np.errstate(invalid="ignore"):
+                over = np.abs(value) > top
+            over &= np.isfinite(value)
+            if over.any():  # finite values float32 cannot hold would become inf: clip and count them
+                clipped = over.sum(axis=(1, 2))
+                value = np.clip(value, -top, top)
             return value.astype(self.dtype), clipped
         q = (value - self.add_offset) / self.scale_factor if self.is_scaled else value.copy()
         np.rint(q, out=q)

@@ -439,8 +439,8 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             over = [plan.bands[i].source_number for i in np.flatnonzero(result.clipped)]
             report.extend([warning(
                 Code.ENCODING_CLIPPED,
-                f"{int(result.clipped.sum())} value(s) outside the {cal.encoding.dtype} range were clipped "
-                f"(scale_factor {cal.encoding.scale_factor:g}); widen the encoding in the profile",
+                f"{int(result.clipped.sum())} value(s) outside the {cal.encoding.dtype} range were clipped to it "
+                f"(scale_factor {cal.encoding.scale_factor:g}); check those bands, or widen the encoding in the profile",
                 bands=over)])
         if not report.ok:
             if cog is not None:

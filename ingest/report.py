@@ -38,7 +38,6 @@ class Code(StrEnum):
     NO_BANDS_LEFT = "no_bands_left"
     PROFILE_MISMATCH = "profile_mismatch"
     LABELS_MISMATCH = "labels_mismatch"
-    ENCODING_OVERFLOW = "encoding_overflow"
     # warnings: the scene is ingested, the problem is recorded
     NO_CRS = "no_crs"
     NO_TRANSFORM = "no_transform"
