@@ -219,10 +219,8 @@ class CalibrationPlan:
         if self.nodata is None and not is_float:
             return None
         mask = np.zeros(block.shape, dtype=bool)
-        if self.nodata is not None:
-            if math.isnan(self.nodata):
-                pass  # NaN nodata is covered by the non-finite test below
-            else:
+        if self.nodata is not None and not math.isnan(self.nodata):  # NaN nodata: the non-finite test below
+            if is_float or _fits(self.nodata, block.dtype):  # e.g. nodata -9999 never occurs in uint16 data
                 np.equal(block, block.dtype.type(self.nodata), out=mask)
         if is_float:
             mask |= ~np.isfinite(block)
@@ -284,6 +282,11 @@ class CalibrationPlan:
             quantity=d.get("quantity"),
             unit=d.get("unit"),
         )
+
+
+def _fits(value: float, dtype: np.dtype) -> bool:
+    info = np.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
 
 
 def _json_float(v: float | None) -> float | str | None:

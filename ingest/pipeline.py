@@ -453,7 +453,6 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             info = cog.finish()
             products["cog"] = cog_path.name
             product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
-                                   "sha256": fingerprint_files([str(cog_path)])[0].sha256,
                                    "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
                                    "validator_warnings": info["warnings"]}
         labels_info = None

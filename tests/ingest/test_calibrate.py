@@ -145,3 +145,11 @@ def test_build_plan_all_bands_removed_is_an_error() -> None:
                                                           (64, 1000, 10, 64), (256, 33, 2, 48)])
 def test_effective_chunk_never_exceeds_the_scene(req: int, h: int, w: int, expected: int) -> None:
     assert effective_chunk(req, h, w) == expected
+
+
+def test_nodata_outside_the_dtype_never_matches() -> None:
+    plan = CalibrationPlan("uint16", BandSelection(1, (0,)), -9999.0, LinearCoder((1.0,), (0.0,)),
+                           CFEncoder("float32", fill_value=math.nan))
+    raw = np.array([[[0, 65535, 7]]], dtype=np.uint16)
+    stored, _ = plan.apply(raw)
+    assert stored.tolist() == [[[0.0, 65535.0, 7.0]]]
