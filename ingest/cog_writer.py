@@ -32,7 +32,6 @@ from rasterio.crs import CRS
 from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 from rasterio.transform import Affine
-from rio_cogeo.cogeo import cog_validate
 
 from cubelake.errors import CubelakeError
 from cubelake.grid import ChunkGrid, Window
@@ -236,6 +235,8 @@ class CogSink:
             raise CubelakeError(f"{self.target}: writing the COG failed: {self._error}") from self._error
         if self.settings.overviews:
             self._add_overviews()
+        from rio_cogeo.cogeo import cog_validate  # imported here: it pulls morecantile (~0.2 s) into every start
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             valid, errors, cog_warnings = cog_validate(str(self.target), quiet=True)

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import h5py
 import numpy as np
-import scipy.io
 
 from cubelake.errors import NoCubeError, SceneReadError
 from cubelake.grid import Window
@@ -40,7 +38,9 @@ _LABEL_HINTS = ("gt", "map", "label", "labels", "lab", "clas", "class", "truth",
 
 def is_mat_v73(path: Path) -> bool:
     """MATLAB v7.3 files are HDF5 with a 512-byte user block."""
-    return h5py.is_hdf5(str(path))
+    import h5py
+
+    return bool(h5py.is_hdf5(str(path)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,8 @@ class _Var:
 
 
 def _list_v5(path: Path) -> list[_Var]:
+    import scipy.io
+
     try:
         table = scipy.io.whosmat(str(path))
     except Exception as exc:  # scipy raises bare ValueError/TypeError/OSError on damaged files
@@ -63,7 +65,9 @@ def _list_v5(path: Path) -> list[_Var]:
     return [_Var(n, tuple(s), cls_dtype.get(c, c)) for n, s, c in table]
 
 
-def _list_v73(h: h5py.File) -> list[_Var]:
+def _list_v73(h: Any) -> list[_Var]:
+    import h5py
+
     out = []
     for name, obj in h.items():
         if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "uif":
@@ -140,6 +144,9 @@ def _grid_size(scalars: dict[str, int]) -> tuple[int, int] | None:
 def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = None, labels_variable: str | None = None,
              max_bytes: int | None = None) -> MatSource:
     """Open a MATLAB cube; raises :class:`SceneReadError` (with the reason) when there is none."""
+    import h5py  # scipy and h5py are imported when a .mat file is opened (~0.2 s otherwise on every start)
+    import scipy.io
+
     v73 = is_mat_v73(path)
     issues: list[Issue] = []
     h5: h5py.File | None = None
@@ -250,7 +257,9 @@ def _detect_axes(shape: tuple[int, ...], grid: tuple[int, int] | None, small: di
     return "yxb"
 
 
-def _load_full(path: Path, h5: h5py.File | None, name: str) -> np.ndarray:
+def _load_full(path: Path, h5: Any, name: str) -> np.ndarray:
+    import scipy.io
+
     if h5 is not None:
         return np.asarray(h5[name]).T
     try:
@@ -266,7 +275,7 @@ def _numpy_getter(data: np.ndarray) -> Any:
     return get
 
 
-def _h5_getter(ds: h5py.Dataset, perm: tuple[int, int, int]) -> Any:
+def _h5_getter(ds: Any, perm: tuple[int, int, int]) -> Any:
     # h5py shape is the reverse of MATLAB's; MATLAB axis k is h5 axis (2 - k)
     def get(w: Window) -> np.ndarray:
         sl: list[slice] = [slice(None)] * 3
