@@ -202,7 +202,6 @@ def xarray_to_zarr(src: str, dst: str) -> None:
     """The peer baseline, run in its own process: rioxarray + dask (threads, 2 workers) + to_zarr."""
     import dask
     import rioxarray
-    import zarr.codecs
 
     from cubelake.ingest.zarr_writer import ZarrCodecSpec
 
@@ -213,7 +212,7 @@ def xarray_to_zarr(src: str, dst: str) -> None:
     nb = da.sizes["band"]
     ds.to_zarr(dst, zarr_format=3, mode="w", encoding={"data": {
         "chunks": (nb, CHUNK, CHUNK),
-        "compressors": [zarr.codecs.BloscCodec(cname=spec.cname, clevel=spec.clevel, shuffle=spec.shuffle)]}})
+        "compressors": [spec.codec()]}})
 
 
 COG_TOOLS = ("cubelake_cog", "rio_cogeo", "gdal36_cog", "gdal310_cog")

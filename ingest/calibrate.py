@@ -219,9 +219,11 @@ class CalibrationPlan:
         if self.nodata is None and not is_float:
             return None
         mask = np.zeros(block.shape, dtype=bool)
-        if self.nodata is not None and not math.isnan(self.nodata):  # NaN nodata: the non-finite test below
-            if is_float or _fits(self.nodata, block.dtype):  # e.g. nodata -9999 never occurs in uint16 data
-                np.equal(block, block.dtype.type(self.nodata), out=mask)
+        # NaN nodata is covered by the non-finite test; nodata outside an integer type (e.g. -9999 in
+        # uint16 data) never occurs
+        nd = self.nodata
+        if nd is not None and not math.isnan(nd) and (is_float or _fits(nd, block.dtype)):
+            np.equal(block, block.dtype.type(nd), out=mask)
         if is_float:
             mask |= ~np.isfinite(block)
         return mask
@@ -232,9 +234,11 @@ class CalibrationPlan:
             raise ValueError(f"expected {self.selection.n_source} source bands, got {raw.shape[0]}")
         keep = self.selection.keep
         sel = raw if self.selection.is_all else raw[list(keep)]
-        out = np.empty(sel.shape, dtype=self.encoding.dtype)
         clipped = np.zeros(len(keep), dtype=np.int64)
         fill = self.encoding.fill_value
+        if self.passthrough and (fill is None or fill == self.nodata) and sel.dtype.kind in "iu":
+            return sel, clipped  # stored values are the source values: no copy
+        out = np.empty(sel.shape, dtype=self.encoding.dtype)
         for g0 in range(0, len(keep), _GROUP):
             g1 = min(len(keep), g0 + _GROUP)
             block = sel[g0:g1]

@@ -117,19 +117,27 @@ def _template_tags(
     return out
 
 
-def to_pixel_interleaved(block: np.ndarray, band_step: int = 16, pixel_step: int = 4096) -> np.ndarray:
-    """``(band, y, x)`` -> contiguous ``(y, x, band)``, transposed in cache-sized blocks.
+def to_pixel_interleaved(block: np.ndarray, out: np.ndarray | None = None, band_step: int = 8,
+                         row_step: int = 32) -> np.ndarray:
+    """``(band, y, x)`` -> ``(y, x, band)`` (into ``out`` if given), transposed in cache-sized blocks.
 
     numpy's plain ``transpose(1, 2, 0).copy()`` strides through memory a whole band apart for
     every element; on a 128-band 256x256 int16 tile it took 50 ms, blocked 13 ms (measured here).
     """
     nb, h, w = block.shape
-    out = np.empty((h, w, nb), dtype=block.dtype)
-    src = block.reshape(nb, h * w)
-    dst = out.reshape(h * w, nb)
-    for b0 in range(0, nb, band_step):
-        for p0 in range(0, h * w, pixel_step):
-            dst[p0 : p0 + pixel_step, b0 : b0 + band_step] = src[b0 : b0 + band_step, p0 : p0 + pixel_step].T
+    if out is None:
+        out = np.empty((h, w, nb), dtype=block.dtype)
+    if out.flags.c_contiguous and block.flags.c_contiguous:
+        src, dst = block.reshape(nb, h * w), out.reshape(h * w, nb)
+        step = row_step * 256
+        for b0 in range(0, nb, band_step):
+            for p0 in range(0, h * w, step):
+                dst[p0 : p0 + step, b0 : b0 + band_step] = src[b0 : b0 + band_step, p0 : p0 + step].T
+        return out
+    for b0 in range(0, nb, band_step):  # a window of a larger buffer (edge tiles)
+        part = block[b0 : b0 + band_step]
+        for r0 in range(0, h, row_step):
+            out[r0 : r0 + row_step, :, b0 : b0 + band_step] = part[:, r0 : r0 + row_step, :].transpose(1, 2, 0)
     return out
 
 
@@ -169,6 +177,7 @@ class CogSink:
         extratags = _template_tags(nb, encoding.dtype, encoding=encoding, transform=transform, crs_wkt=crs_wkt,
                                    bands=bands, tags=tags, unit=unit)
         self._tiles: dict[int, bytes] = {}
+        self._local = threading.local()
         self._cond = threading.Condition()
         self._aborted = False
         self._error: BaseException | None = None
@@ -190,16 +199,26 @@ class CogSink:
         self._thread.start()
 
     # -- workers ------------------------------------------------------------
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's tile and predictor buffers (reused: fresh 16 MiB arrays per tile cost page faults)."""
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            t = self.settings.chunk
+            bufs = (np.empty((t, t, self.nb), dtype=self.dtype), np.empty((t, t, self.nb), dtype=self.dtype))
+            self._local.bufs = bufs
+        return bufs
+
     def _encode(self, block: np.ndarray) -> bytes:
         """One ``(band, h, w)`` block -> the compressed bytes of a full ``(tile, tile, band)`` TIFF tile."""
         t = self.settings.chunk
         h, w = block.shape[1], block.shape[2]
+        tile, predicted = self._buffers()
         if (h, w) == (t, t):
-            tile = to_pixel_interleaved(block)
+            to_pixel_interleaved(block, out=tile)
         else:  # edge tiles are stored full-size in TIFF; the padding is never read
-            tile = np.full((t, t, self.nb), self._fill, dtype=self.dtype)
-            tile[:h, :w, :] = to_pixel_interleaved(block)
-        return self._compress(self._predict(tile, axis=-2), level=self._level)
+            tile.fill(self._fill)
+            to_pixel_interleaved(block, out=tile[:h, :w, :])
+        return self._compress(self._predict(tile, axis=-2, out=predicted), level=self._level)
 
     def write(self, window: Window, data: np.ndarray) -> None:
         for c in self.grid.chunks_for_window(window):
@@ -235,7 +254,9 @@ class CogSink:
             raise CubelakeError(f"{self.target}: writing the COG failed: {self._error}") from self._error
         if self.settings.overviews:
             self._add_overviews()
-        from rio_cogeo.cogeo import cog_validate  # imported here: it pulls morecantile (~0.2 s) into every start
+        from rio_cogeo.cogeo import (
+            cog_validate,  # imported here: it pulls morecantile (~0.2 s) into every start
+        )
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)

@@ -8,6 +8,7 @@ A rejected scene leaves its report in ``rejected/`` and nothing else; other scen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -252,7 +253,7 @@ def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
         "products": sorted(options.products),
         "chunk": plan.chunk,
         "shard": options.shard if options.shard is not None else plan.profile.products.shard,
-        "zarr_codec": {"cname": options.zarr_codec.cname, "clevel": options.zarr_codec.clevel, "shuffle": options.zarr_codec.shuffle},
+        "zarr_codec": dataclasses.asdict(options.zarr_codec),
         "calibration": plan.calibration.to_dict(),
     }
 

@@ -117,12 +117,13 @@ def scan(
 
     def run(unit: Window) -> None:
         local = ScanStats(meta.count, nodata)
+        chunks = chunk_grid.chunks_for_window(unit)
         out = None
-        if plan is not None and sinks:
+        if plan is not None and sinks and len(chunks) > 1:  # a shard: assemble its chunks first
             out = np.empty((plan.n_out, unit.height, unit.width), dtype=plan.encoding.dtype)
         clipped = None
         problems: list[Issue] = []
-        for c in chunk_grid.chunks_for_window(unit):
+        for c in chunks:
             win = chunk_grid.chunk_window(c)
             try:
                 raw = source.read(win)
@@ -136,9 +137,11 @@ def scan(
                 if out is not None:
                     rel = win.relative_to(unit)
                     out[:, rel.row_off : rel.row_end, rel.col_off : rel.col_end] = stored
+                else:
+                    out = stored  # the unit is this one chunk
         if problems:
             failed.set()
-        elif out is not None and not failed.is_set():
+        elif out is not None and sinks and not failed.is_set():
             for sink in sinks:
                 sink.write(unit, out)
         with lock:

@@ -84,8 +84,7 @@ class ScanStats:
         self.min[g0:g1] = np.minimum(self.min[g0:g1], b.min(axis=1))
         self.max[g0:g1] = np.maximum(self.max[g0:g1], b.max(axis=1))
         self.sum[g0:g1] += b.sum(axis=1, dtype=np.int64)
-        wide = b.astype(np.int64)
-        self.sumsq[g0:g1] += np.einsum("ij,ij->i", wide, wide)
+        self.sumsq[g0:g1] += np.einsum("ij,ij->i", b, b, dtype=np.int64)
 
     def merge(self, other: ScanStats) -> None:
         self.pixels += other.pixels
