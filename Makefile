@@ -2,7 +2,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-DATA   ?= ../shared/data/real
+DATA   ?= $(firstword $(wildcard ../shared/data/real /work/shared/data/real) ../shared/data/real)
 LAKE   ?= lake
 
 .PHONY: demo test lint bench clean

@@ -15,8 +15,20 @@ from rasterio.transform import from_origin
 from cubelake.lake import Lake
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The real scenes (see SOURCES.md there). Tests fail, not skip, if they are missing.
-REAL = Path(os.environ.get("CUBELAKE_REAL_DATA", ROOT.parent / "shared" / "data" / "real")).resolve()
+
+
+def _real_data() -> Path:
+    """The real scenes (see SOURCES.md there): $CUBELAKE_REAL_DATA, else ../shared next to the checkout."""
+    if "CUBELAKE_REAL_DATA" in os.environ:
+        return Path(os.environ["CUBELAKE_REAL_DATA"]).resolve()
+    for cand in (ROOT.parent / "shared" / "data" / "real", Path("/work/shared/data/real")):
+        if (cand / "SOURCES.md").is_file():
+            return cand.resolve()
+    return (ROOT.parent / "shared" / "data" / "real").resolve()
+
+
+#: Tests fail, not skip, if the real scenes are missing.
+REAL = _real_data()
 
 
 @pytest.fixture(scope="session")
