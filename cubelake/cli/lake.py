@@ -51,6 +51,7 @@ def lake_cmd(
     for s in scenes:
         prods = ", ".join(f"{k}={v}" for k, v in s["products"].items())
         out.print(f"  {escape(s['id'])}: {s['bands']} bands {s['shape'][0]}x{s['shape'][1]} {s['dtype']} "
-                  f"[{s['profile']}] {escape(prods)}" + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
+                  f"{escape('[' + str(s['profile']) + ']')} {escape(prods)}"
+                  + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
     for r in rejected:
         out.print(f"  [red]rejected[/red] {escape(str(r['source']))}: {', '.join(r['errors'])}")

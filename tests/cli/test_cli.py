@@ -104,6 +104,9 @@ def test_lake_and_profiles_commands(tmp_path: Path, good: Path, bad: Path) -> No
     assert [s["id"] for s in doc["scenes"]] == ["good"]
     assert doc["scenes"][0]["products"] == {"cog": "good.tif", "zarr": "good.zarr"}
     assert doc["rejected"][0]["errors"] == ["content_mismatch"]
+    text = runner.invoke(app, ["lake", "--lake", str(tmp_path / "lake")])
+    assert "good: 5 bands 40x50 uint16 [generic] cog=good.tif, zarr=good.zarr" in text.output
+    assert "rejected" in text.output
     prof = runner.invoke(app, ["profiles"])
     assert prof.exit_code == 0
     assert "enmap-l2a" in prof.output
