@@ -37,9 +37,10 @@ from cubelake.errors import CubelakeError
 from cubelake.grid import ChunkGrid, Window
 
 from .calibrate import CFEncoder
+from .sources import BandInfo
 from .spectral import parse_wavelength_text
 
-__all__ = ["BandMeta", "CogSettings", "CogSink", "dataset_tags", "to_pixel_interleaved"]
+__all__ = ["CogSettings", "CogSink", "dataset_tags", "to_pixel_interleaved"]
 
 #: TIFF tags GDAL uses for georeferencing and metadata, copied from the template.
 _GEO_TAGS = (33550, 33922, 34264, 34735, 34736, 34737, 42112, 42113)
@@ -56,15 +57,7 @@ class CogSettings:
     threads: int = 2
 
 
-@dataclass(frozen=True, slots=True)
-class BandMeta:
-    number: int  # 1-based source band number
-    name: str | None
-    wavelength_nm: float | None
-    fwhm_nm: float | None
-
-
-def _band_metadata(ds: rasterio.io.DatasetWriter, bands: Sequence[BandMeta]) -> None:
+def _band_metadata(ds: rasterio.io.DatasetWriter, bands: Sequence[BandInfo]) -> None:
     """Band descriptions and tags GDAL readers understand (ENVI-style and GDAL's IMAGERY domain)."""
     for i, b in enumerate(bands, start=1):
         named = b.name if b.name and len(b.name) <= 32 and parse_wavelength_text(b.name) is None else None
@@ -84,7 +77,7 @@ def _band_metadata(ds: rasterio.io.DatasetWriter, bands: Sequence[BandMeta]) -> 
 
 def _template_tags(
     count: int, dtype: str, *, encoding: CFEncoder, transform: tuple[float, ...] | None, crs_wkt: str | None,
-    bands: Sequence[BandMeta], tags: dict[str, str], unit: str | None,
+    bands: Sequence[BandInfo], tags: dict[str, str], unit: str | None,
 ) -> list[tuple[int, int, int, Any, bool]]:
     """GDAL-encoded GeoTIFF/metadata tags for the scene, as tifffile ``extratags``."""
     profile: dict[str, Any] = {"driver": "GTiff", "width": 16, "height": 16, "count": count, "dtype": dtype}
@@ -157,7 +150,7 @@ class CogSink:
         encoding: CFEncoder,
         transform: tuple[float, float, float, float, float, float] | None,
         crs_wkt: str | None,
-        bands: Sequence[BandMeta],
+        bands: Sequence[BandInfo],
         tags: dict[str, str],
         settings: CogSettings,
         unit: str | None = None,

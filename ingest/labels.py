@@ -22,9 +22,9 @@ from cubelake.errors import CubelakeError
 from cubelake.grid import Window
 
 from .calibrate import CFEncoder
-from .cog_writer import BandMeta, CogSettings, CogSink
+from .cog_writer import CogSettings, CogSink
 from .report import Code, Issue, error
-from .sources import RasterSource
+from .sources import BandInfo, RasterSource
 from .sources.matlab import _find_labels, is_mat_v73
 
 __all__ = ["LabelPlan", "plan_labels", "read_label_file", "write_labels"]
@@ -132,7 +132,7 @@ def write_labels(plan: LabelPlan, staged: Path, scene_id: str, chunk: int, zarr_
         sink = CogSink(
             target, shape=(1, *arr.shape),
             encoding=CFEncoder(plan.dtype), transform=transform, crs_wkt=crs_wkt,
-            bands=[BandMeta(1, "labels", None, None)], tags={"CUBELAKE_LABELS_SOURCE": plan.source},
+            bands=[BandInfo(1, "labels")], tags={"CUBELAKE_LABELS_SOURCE": plan.source},
             settings=CogSettings(chunk=chunk),
         )
         sink.write(Window(0, 0, arr.shape[0], arr.shape[1]), arr[None])

@@ -36,7 +36,7 @@ from cubelake.errors import (
 from cubelake.grid import ChunkGrid
 from cubelake.lake import Lake, atomic_write_text
 
-from .cog_writer import BandMeta, CogSettings, CogSink, dataset_tags
+from .cog_writer import CogSettings, CogSink, dataset_tags
 from .identity import config_hash, content_hash, fingerprint_files, scene_id_for
 from .labels import LabelPlan, plan_labels, write_labels
 from .plan import ScenePlan, build_plan
@@ -378,7 +378,6 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
     cal = plan.calibration
     nb = cal.n_out
     shard = settings["shard"]
-    bands = [BandMeta(b.source_number, b.name, b.wavelength_nm, b.fwhm_nm) for b in plan.bands]
     record_core = {
         "scene_id": scene_id,
         "calibration": cal.to_dict(),
@@ -401,7 +400,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 shape=(nb, meta.height, meta.width),
                 chunk=plan.chunk,
                 encoding=cal.encoding,
-                band_numbers=[b.source_number for b in plan.bands],
+                band_numbers=[b.number for b in plan.bands],
                 wavelengths_nm=[b.wavelength_nm for b in plan.bands],
                 fwhm_nm=[b.fwhm_nm for b in plan.bands],
                 band_names=[b.name for b in plan.bands],
@@ -423,7 +422,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 encoding=cal.encoding,
                 transform=meta.transform,
                 crs_wkt=meta.crs_wkt,
-                bands=bands,
+                bands=plan.bands,
                 tags=dataset_tags(record_core),
                 settings=CogSettings(plan.chunk, plan.profile.products.compression, plan.profile.products.level,
                                      plan.profile.products.overviews, options.workers),
@@ -437,7 +436,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 cog.abort()
             raise
         if result.clipped is not None and result.clipped.any():
-            over = [plan.bands[i].source_number for i in np.flatnonzero(result.clipped)]
+            over = [plan.bands[i].number for i in np.flatnonzero(result.clipped)]
             report.extend([warning(
                 Code.ENCODING_CLIPPED,
                 f"{int(result.clipped.sum())} value(s) outside the {cal.encoding.dtype} range were clipped to it "
@@ -493,7 +492,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             "datetime": meta.datetime,
             "tags": meta.tags,
             "bands": [
-                {"index": i, "source_band": b.source_number, "name": b.name, "wavelength_nm": b.wavelength_nm,
+                {"index": i, "source_band": b.number, "name": b.name, "wavelength_nm": b.wavelength_nm,
                  "fwhm_nm": b.fwhm_nm, **{k: phys[k][i] for k in phys}}
                 for i, b in enumerate(plan.bands)
             ],

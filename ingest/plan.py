@@ -23,7 +23,7 @@ from .calibrate import (
 )
 from .profile import SensorProfile
 from .report import Code, Issue, error, warning
-from .sources import SceneMetadata
+from .sources import BandInfo, SceneMetadata
 from .spectral import (
     bands_in_windows,
     check_fwhm,
@@ -32,23 +32,13 @@ from .spectral import (
     overlap_drops,
 )
 
-__all__ = ["OutputBand", "ScenePlan", "build_plan"]
-
-
-@dataclass(frozen=True, slots=True)
-class OutputBand:
-    """A band of the product: its 1-based source band number and spectral position."""
-
-    source_number: int
-    name: str | None
-    wavelength_nm: float | None
-    fwhm_nm: float | None
+__all__ = ["ScenePlan", "build_plan"]
 
 
 @dataclass(frozen=True, slots=True)
 class ScenePlan:
     calibration: CalibrationPlan
-    bands: tuple[OutputBand, ...]
+    bands: tuple[BandInfo, ...]  # the product's bands; ``number`` is the 1-based source band number
     chunk: int
     profile: SensorProfile
 
@@ -260,7 +250,7 @@ def build_plan(meta: SceneMetadata, profile: SensorProfile, *, chunk: int | None
         unit=profile.calibration.unit or next((c.unit for c in meta.calibrations if c.name == linear.source), None),
     )
     bands = tuple(
-        OutputBand(i + 1, meta.bands[i].name if meta.bands else None, wl[i], fw[i]) for i in selection.keep
+        BandInfo(i + 1, meta.bands[i].name if meta.bands else None, wl[i], fw[i]) for i in selection.keep
     )
     return ScenePlan(cal, bands, effective_chunk(chunk or profile.products.chunk, meta.height, meta.width), profile), issues
 

@@ -5,15 +5,14 @@ Exit codes: 0 everything ok, 1 some scenes rejected, 2 usage error, 130 interrup
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import typer
-from rich.logging import RichHandler
 
 from . import ingest as _ingest
 from . import lake as _lake
 from . import profiles as _profiles
+from ._render import VERBOSE, QUIET, configure_output
 
 __all__ = ["app", "main"]
 
@@ -27,20 +26,8 @@ app = typer.Typer(
 
 
 @app.callback()
-def _global(
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-v info, -vv debug)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors; no progress bars."),
-) -> None:
-    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
-    logging.basicConfig(
-        level=level,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(show_time=False, show_path=False, console=_ingest.err_console())],
-        force=True,
-    )
-    # GDAL's own warnings about odd TIFF tags are noise next to our reports; show them with -vv
-    logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
-    _ingest.STATE.quiet = quiet
+def _global(verbose: int = VERBOSE, quiet: bool = QUIET) -> None:
+    configure_output(verbose, quiet)
 
 
 app.command("ingest")(_ingest.ingest_cmd)

@@ -96,7 +96,7 @@ def test_build_plan_removes_water_bands_by_default_and_records_why() -> None:
     bands = tuple(BandInfo(i + 1, wavelength_nm=w) for i, w in enumerate([1000.0, 1400.0, 1700.0, 1900.0, 2460.0]))
     plan, _ = build_plan(meta(5, "float32", bands=bands), SensorProfile())
     assert plan is not None
-    assert [b.source_number for b in plan.bands] == [1, 3]
+    assert [b.number for b in plan.bands] == [1, 3]
     assert plan.calibration.selection.removed == {2: "wavelength window 1400.0 nm", 4: "wavelength window 1900.0 nm",
                                                   5: "wavelength window 2460.0 nm"}
 
