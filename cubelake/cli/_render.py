@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import typer
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["STATE", "err_console", "escape", "out_console", "print_json", "progress_bars"]
+__all__ = ["QUIET", "STATE", "VERBOSE", "configure_output", "err_console", "escape", "out_console", "print_json",
+           "progress_bars"]
+
+#: -v/-q are accepted before the subcommand (global) and after it (per command).
+VERBOSE = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-v info, -vv debug).")
+QUIET = typer.Option(False, "--quiet", "-q", help="Only errors; no progress bars.")
 
 
 @dataclass
@@ -22,6 +30,22 @@ class _State:
 
 
 STATE = _State()
+
+
+def configure_output(verbose: int, quiet: bool) -> None:
+    """Log level and progress bars for this run (the library logs; the CLI decides what shows)."""
+    if not verbose and not quiet and logging.getLogger().handlers:
+        return  # a subcommand without -v/-q keeps what the global options set
+    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(
+        level=level,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(show_time=False, show_path=False, console=err_console())],
+        force=True,
+    )
+    # GDAL's own warnings about odd TIFF tags are noise next to our reports; show them with -vv
+    logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
+    STATE.quiet = STATE.quiet or quiet
 
 
 def out_console() -> Console:

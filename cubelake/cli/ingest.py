@@ -25,7 +25,7 @@ from cubelake.ingest import (
 )
 from cubelake.lake import Lake
 
-from ._render import STATE, err_console, escape, out_console, print_json, progress_bars
+from ._render import QUIET, STATE, VERBOSE, configure_output, err_console, escape, out_console, print_json, progress_bars
 
 __all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
 
@@ -110,8 +110,11 @@ def ingest_cmd(
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the scene and config are unchanged."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
 ) -> None:
     """Validate, calibrate and convert scenes into the lake (COG and/or Zarr v3)."""
+    configure_output(verbose, quiet)
     opts = _options(profile, products, chunk, shard, workers, max_bytes, variable, axes, force)
     try:
         lk = Lake(lake)
@@ -139,8 +142,11 @@ def validate_cmd(
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     report_dir: Path | None = typer.Option(None, "--report-dir", help="Also write one JSON report per scene here."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
 ) -> None:
     """Run every check (every block is decoded) without writing any product."""
+    configure_output(verbose, quiet)
     opts = _options(profile, "cog", chunk, None, None, max_bytes, variable, axes, False)
     try:
         with progress_bars(fmt is OutputFormat.text) as on_event:

@@ -118,6 +118,8 @@ def test_quiet_and_verbose_flags(tmp_path: Path, good: Path) -> None:
     assert q.exit_code == 0
     v = runner.invoke(app, ["-vv", "ingest", "--lake", str(tmp_path / "l2"), str(good)])
     assert v.exit_code == 0
+    after = runner.invoke(app, ["ingest", str(good), "--lake", str(tmp_path / "l3"), "-q"])  # after the command too
+    assert after.exit_code == 0, after.output
 
 
 def test_missing_input_is_rejected_not_a_crash(tmp_path: Path, good: Path) -> None:
