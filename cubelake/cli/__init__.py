@@ -12,7 +12,7 @@ import typer
 from . import ingest as _ingest
 from . import lake as _lake
 from . import profiles as _profiles
-from ._render import VERBOSE, QUIET, configure_output
+from ._render import QUIET, VERBOSE, configure_output
 
 __all__ = ["app", "main"]
 

@@ -25,7 +25,17 @@ from cubelake.ingest import (
 )
 from cubelake.lake import Lake
 
-from ._render import QUIET, STATE, VERBOSE, configure_output, err_console, escape, out_console, print_json, progress_bars
+from ._render import (
+    QUIET,
+    STATE,
+    VERBOSE,
+    configure_output,
+    err_console,
+    escape,
+    out_console,
+    print_json,
+    progress_bars,
+)
 
 __all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
 
