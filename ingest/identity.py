@@ -2,7 +2,9 @@
 
 Re-ingesting is skipped when both hashes equal the published scene's. File hashes are reused
 from the published record while a file's size and mtime are unchanged (as git and rsync do),
-so an unchanged scene costs a ``stat`` per file, not a re-read.
+so an unchanged scene costs a ``stat`` per file, not a re-read. Files are hashed with BLAKE3:
+cryptographic, listed in multihash (STAC ``file:checksum``), and 2.2x faster than SHA-256 here
+(3.5 vs 1.6 GB/s on one core), which matters because ingest hashes every source byte.
 """
 
 from __future__ import annotations
@@ -30,19 +32,24 @@ class FileFingerprint:
     path: str
     size: int
     mtime_ns: int
-    sha256: str
+    blake3: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "blake3": self.blake3}
 
 
-def _sha256(path: Path) -> str:
+def file_blake3(path: Path) -> str:
+    from blake3 import blake3
+
+    h = blake3()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while block := f.read(8 * 1024 * 1024):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:
-    """Size, mtime and SHA-256 of each file; hashes reused from ``previous`` when size+mtime match."""
+    """Size, mtime and BLAKE3 of each file; hashes reused from ``previous`` when size+mtime match."""
     known = {}
     if previous:
         known = {f["path"]: f for f in previous.get("source", {}).get("files", [])}
@@ -51,10 +58,10 @@ def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) 
         p = Path(f).resolve()
         st = p.stat()
         old = known.get(str(p))
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
-            digest = old["sha256"]
+        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns and "blake3" in old:
+            digest = old["blake3"]
         else:
-            digest = _sha256(p)
+            digest = file_blake3(p)
         out.append(FileFingerprint(str(p), st.st_size, st.st_mtime_ns, digest))
     return out
 
@@ -63,7 +70,7 @@ def content_hash(prints: list[FileFingerprint]) -> str:
     """One hash for the scene's bytes, independent of where the files are."""
     h = hashlib.sha256()
     for fp in prints:
-        h.update(fp.sha256.encode())
+        h.update(fp.blake3.encode())
     return h.hexdigest()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from blake3 import blake3
 
 from cubelake.errors import LakeError
 from cubelake.ingest import IngestOptions, Outcome, ingest, load_profile
@@ -29,6 +30,9 @@ def test_reingest_unchanged_does_nothing_and_says_so(tmp_path: Path, lake: Lake)
     (first,) = ingest([src], lake, IngestOptions(chunk=32))
     assert first.outcome is Outcome.INGESTED
     scene = lake.scene_dir(first.scene_id)  # type: ignore[arg-type]
+    files = json.loads((scene / "scene.json").read_text())["source"]["files"]
+    assert files == [{"path": str(src.resolve()), "size": src.stat().st_size, "mtime_ns": src.stat().st_mtime_ns,
+                      "blake3": blake3(src.read_bytes()).hexdigest()}]
     before = {p: p.stat().st_mtime_ns for p in scene.rglob("*")}
     (second,) = ingest([src], lake, IngestOptions(chunk=32))
     assert second.outcome is Outcome.UNCHANGED
