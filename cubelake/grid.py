@@ -17,7 +17,6 @@ __all__ = [
     "ChunkIndex",
     "Window",
     "parse_chunk_size",
-    "plan_batches",
 ]
 
 
@@ -138,6 +137,12 @@ class ChunkGrid:
         ix1 = (clipped.col_end - 1) // self.chunk_x
         return [ChunkIndex(iy, ix) for iy in range(iy0, iy1 + 1) for ix in range(ix0, ix1 + 1)]
 
+    def coarsened(self, factor: int) -> ChunkGrid:
+        """The grid of ``factor × factor`` blocks of chunks (e.g. Zarr shards); its cells are chunk-aligned."""
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        return ChunkGrid(self.height, self.width, self.chunk_y * factor, self.chunk_x * factor)
+
     def is_aligned(self, window: Window) -> bool:
         """True when ``window`` starts on a chunk boundary and ends on one or at the edge."""
         return (
@@ -163,27 +168,3 @@ def parse_chunk_size(value: int, *, multiple_of: int = 16) -> int:
             f"got {value}; try {max(multiple_of, round(value / multiple_of) * multiple_of)}"
         )
     return value
-
-
-def plan_batches(grid: ChunkGrid, bytes_per_pixel: int, budget_bytes: int) -> list[Window]:
-    """Group whole chunks into windows of at most ``budget_bytes`` each, in raster order.
-
-    A batch is a run of chunks within one chunk row (so every batch is chunk-aligned and
-    covers a rectangle); a full chunk row is one batch when it fits. At least one chunk is
-    always taken, so a single chunk larger than the budget still makes progress.
-    ``bytes_per_pixel`` is the size of one pixel across all bands.
-    """
-    if bytes_per_pixel <= 0:
-        raise ValueError(f"bytes_per_pixel must be > 0, got {bytes_per_pixel}")
-    chunk_bytes = grid.chunk_y * grid.chunk_x * bytes_per_pixel
-    per_batch = max(1, budget_bytes // chunk_bytes)
-    batches: list[Window] = []
-    for iy in range(grid.n_rows):
-        r0 = iy * grid.chunk_y
-        h = min(grid.chunk_y, grid.height - r0)
-        for ix0 in range(0, grid.n_cols, per_batch):
-            ix1 = min(grid.n_cols, ix0 + per_batch)
-            c0 = ix0 * grid.chunk_x
-            c1 = min(grid.width, ix1 * grid.chunk_x)
-            batches.append(Window(r0, c0, h, c1 - c0))
-    return batches

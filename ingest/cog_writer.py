@@ -1,15 +1,18 @@
 """Cloud-Optimized GeoTIFF product whose internal tiles are the lake's chunks, written in one pass.
 
-Why not GDAL's COG driver: it needs a complete source dataset, so a calibrated scene would go
-through a staging file first (a second full read, write and pass), and the driver compresses
-with one reading thread; measured in BENCHMARKS.md it is the slower path. Here each scan worker
-compresses its own tiles as it calibrates them (the TIFF predictor and ZSTD/DEFLATE codecs
-tifffile itself uses, from imagecodecs), and tifffile assembles the file — IFD first, then the
-tiles in row-major order, as the COG layout requires. The georeferencing and band metadata
-tags come from a tiny template GeoTIFF that GDAL (rasterio) writes with the scene's CRS,
-transform, nodata, scales/offsets, descriptions and band tags, so every tag is encoded by
-GDAL itself. rio-cogeo's ``cog_validate`` checks every product; GDAL reads it back in the tests.
-Overviews, when asked for, are added by GDAL's COG driver from the finished COG.
+Why not GDAL's COG driver (``rasterio.shutil.copy(..., driver="COG")``): it needs a complete
+source dataset, so a calibrated scene would first go through a staging file (a second full
+write, read and pass over the data), and the validation, statistics and Zarr product would need
+their own passes. Here each scan worker compresses its own tiles right after calibrating them
+(the TIFF predictor and ZSTD/DEFLATE codecs tifffile itself uses, from imagecodecs), and tifffile
+assembles the file — IFD first, then the tiles in row-major order, as the COG layout requires.
+On the 2 GiB benchmark scene this single pass, validation and statistics included, is faster
+than GDAL's COG driver converting the same file with the same settings (BENCHMARKS.md).
+The georeferencing and band metadata tags come from a tiny template GeoTIFF that GDAL (rasterio)
+writes with the scene's CRS, transform, nodata, scales/offsets, descriptions and band tags, so
+every tag is encoded by GDAL itself. rio-cogeo's ``cog_validate`` checks every product; GDAL
+reads it back in the tests. Overviews, when asked for, are added by GDAL's COG driver from the
+finished COG (a second pass, only then).
 """
 
 from __future__ import annotations

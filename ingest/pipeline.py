@@ -116,7 +116,6 @@ class IngestResult:
     message: str
     products: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
-    bytes_read: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {

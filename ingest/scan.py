@@ -105,9 +105,7 @@ def scan(
     meta = source.meta
     nodata = plan.nodata if plan is not None else meta.nodata
     total = ScanStats(meta.count, nodata)
-    unit_grid = ChunkGrid(
-        meta.height, meta.width, chunk_grid.chunk_y * units_per_side, chunk_grid.chunk_x * units_per_side
-    )
+    unit_grid = chunk_grid.coarsened(units_per_side)
     units = [unit_grid.chunk_window(c) for c in unit_grid.chunks()]
     result = ScanResult(stats=total, units=len(units))
     if plan is not None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cubelake.grid import ChunkGrid, ChunkIndex, Window, parse_chunk_size, plan_batches
+from cubelake.grid import ChunkGrid, ChunkIndex, Window, parse_chunk_size
 
 sizes = st.integers(min_value=1, max_value=700)
 chunks = st.integers(min_value=8, max_value=300)
@@ -63,20 +63,18 @@ def test_relative_window_roundtrip(grid: ChunkGrid, data: st.DataObject) -> None
 
 
 @FAST
-@given(grids(), st.integers(1, 16), st.integers(1, 10_000_000))
-def test_batches_cover_once_and_respect_budget(grid: ChunkGrid, bpp: int, budget: int) -> None:
-    batches = plan_batches(grid, bpp, budget)
-    total = 0
-    chunk_bytes = grid.chunk_y * grid.chunk_x * bpp
-    for b in batches:
-        assert grid.is_aligned(b)
-        total += b.size
-        n = len(grid.chunks_for_window(b))
-        assert n == 1 or n * chunk_bytes <= budget  # one chunk always makes progress
-        assert b.height <= grid.chunk_y  # a batch stays within one chunk row
-    assert total == grid.height * grid.width
-    # raster order
-    assert batches == sorted(batches)
+@given(grids(), st.integers(1, 6))
+def test_coarsened_grid_partitions_the_chunks(grid: ChunkGrid, factor: int) -> None:
+    units = grid.coarsened(factor)
+    seen: list[ChunkIndex] = []
+    for u in units.chunks():
+        w = units.chunk_window(u)
+        assert grid.is_aligned(w)  # a shard holds whole chunks
+        inside = grid.chunks_for_window(w)
+        assert len(inside) <= factor * factor
+        assert all(grid.chunk_window(c).intersection(w) == grid.chunk_window(c) for c in inside)
+        seen.extend(inside)
+    assert sorted(seen) == list(grid.chunks())  # every chunk in exactly one unit
 
 
 def test_chunk_window_outside_grid_raises() -> None:
