@@ -164,7 +164,8 @@ class CogSink:
         self.dtype = np.dtype(encoding.dtype)
         self.grid = ChunkGrid.square(ny, nx, settings.chunk)
         self.nb = nb
-        self._fill = 0 if encoding.fill_value is None or (np.isnan(encoding.fill_value) and self.dtype.kind != "f") else encoding.fill_value
+        # padding of edge tiles (never read): the fill value, or 0 when there is none
+        self._fill = 0 if encoding.fill_value is None else encoding.fill_value
         self._predictor = 3 if self.dtype.kind == "f" else 2
         self._predict = tifffile.TIFF.PREDICTORS[self._predictor]
         level = settings.level if settings.level is not None else _DEFAULT_LEVELS[settings.compression]

@@ -25,7 +25,7 @@ from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink
 from .report import Code, Issue, error
 from .sources import BandInfo, RasterSource
-from .sources.matlab import _find_labels, is_mat_v73
+from .sources.matlab import find_label_map, is_mat_v73
 
 __all__ = ["LabelPlan", "plan_labels", "read_label_file", "write_labels"]
 
@@ -72,7 +72,7 @@ def read_label_file(path: Path) -> tuple[np.ndarray, tuple[float, ...] | None, s
                 raise CubelakeError(f"{path}: not a readable MATLAB file: {exc}") from exc
         shapes = {np.asarray(v).shape for k, v in small.items() if not k.startswith("__") and np.asarray(v).ndim == 2}
         for shape in sorted(shapes, key=lambda s: -s[0] * s[1]):
-            arr, _ = _find_labels(small, "", shape, None, path)
+            arr, _ = find_label_map(small, "", shape, None, path)
             if arr is not None:
                 return arr, None, None
         raise CubelakeError(f"{path}: no 2-D integer label map in this MATLAB file")

@@ -325,8 +325,7 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
             prints = fingerprint_files(files, previous)
             c_hash = content_hash(prints)
             if (
-                previous is not None
-                and not options.force
+                not options.force
                 and previous.get("source", {}).get("content_hash") == c_hash
                 and previous.get("config_hash") == cfg_hash
             ):

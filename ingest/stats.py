@@ -22,6 +22,11 @@ def _representable(value: float, dtype: np.dtype) -> bool:
     return dtype.kind == "f" or _fits(value, dtype)
 
 
+def _finite_list(a: np.ndarray) -> list[float | None]:
+    """JSON-ready values: ``None`` where a band has no finite statistic."""
+    return [float(v) if math.isfinite(v) else None for v in a]
+
+
 class ScanStats:
     """Running count/min/max/sum/sum² of valid values, and NaN/±inf counts, per source band."""
 
@@ -108,18 +113,15 @@ class ScanStats:
 
     def raw_dict(self) -> dict[str, list[Any]]:
         """Source-band statistics (raw DN), JSON-ready (None for bands with no valid value)."""
-        def f(a: np.ndarray) -> list[float | None]:
-            return [None if not math.isfinite(v) else float(v) for v in a]
-
         return {
             "pixels": [int(v) for v in self.pixels],
             "valid": [int(v) for v in self.valid],
             "nan": [int(v) for v in self.nan],
             "inf": [int(v) for v in self.inf],
-            "min": f(self.min),
-            "max": f(self.max),
-            "mean": f(self.mean()),
-            "std": f(self.std()),
+            "min": _finite_list(self.min),
+            "max": _finite_list(self.max),
+            "mean": _finite_list(self.mean()),
+            "std": _finite_list(self.std()),
         }
 
     def physical(self, keep: tuple[int, ...], linear: LinearCoder) -> dict[str, list[Any]]:
@@ -130,13 +132,10 @@ class ScanStats:
         mn, mx = self.min[idx] * g + o, self.max[idx] * g + o
         lo, hi = np.minimum(mn, mx), np.maximum(mn, mx)
 
-        def f(a: np.ndarray) -> list[float | None]:
-            return [None if not math.isfinite(v) else float(v) for v in a]
-
         return {
             "count": [int(v) for v in self.valid[idx]],
-            "min": f(lo),
-            "max": f(hi),
-            "mean": f(self.mean()[idx] * g + o),
-            "std": f(self.std()[idx] * np.abs(g)),
+            "min": _finite_list(lo),
+            "max": _finite_list(hi),
+            "mean": _finite_list(self.mean()[idx] * g + o),
+            "std": _finite_list(self.std()[idx] * np.abs(g)),
         }

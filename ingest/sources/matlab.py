@@ -27,7 +27,7 @@ from cubelake.grid import Window
 from ..report import Code, Issue, warning
 from ._base import BandInfo, SceneMetadata
 
-__all__ = ["MatSource", "is_mat_v73", "open_mat"]
+__all__ = ["MatSource", "find_label_map", "is_mat_v73", "open_mat"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def is_mat_v73(path: Path) -> bool:
 class _Var:
     name: str
     shape: tuple[int, ...]  # MATLAB order (as scipy returns it)
-    dtype: str
+    dtype: str  # numpy dtype for v7.3; MATLAB class name (unreliable) for v5
 
 
 def _list_v5(path: Path) -> list[_Var]:
@@ -57,12 +57,8 @@ def _list_v5(path: Path) -> list[_Var]:
         table = scipy.io.whosmat(str(path))
     except Exception as exc:  # scipy raises bare ValueError/TypeError/OSError on damaged files
         raise SceneReadError(f"{path}: not a readable MATLAB v5 file: {exc}") from exc
-    cls_dtype = {
-        "double": "float64", "single": "float32", "uint8": "uint8", "int8": "int8", "uint16": "uint16",
-        "int16": "int16", "uint32": "uint32", "int32": "int32", "uint64": "uint64", "int64": "int64",
-        "logical": "bool",
-    }
-    return [_Var(n, tuple(s), cls_dtype.get(c, c)) for n, s, c in table]
+    # whosmat's class is unreliable (arrays saved by scipy report 'double'): the real dtype is read on load
+    return [_Var(n, tuple(s), c) for n, s, c in table]
 
 
 def _list_v73(h: Any) -> list[_Var]:
@@ -209,7 +205,7 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
                 data = _load_full(path, None, cube.name).transpose(perm)
                 dtype = data.dtype
                 get = _numpy_getter(data)
-        labels, label_issues = _find_labels(small, cube.name, (ny, nx), labels_variable, path)
+        labels, label_issues = find_label_map(small, cube.name, (ny, nx), labels_variable, path)
         issues.extend(label_issues)
         issues.append(
             warning(
@@ -289,7 +285,7 @@ def _h5_getter(ds: Any, perm: tuple[int, int, int]) -> Any:
     return get
 
 
-def _find_labels(
+def find_label_map(
     small: dict[str, Any], cube_name: str, shape: tuple[int, int], wanted: str | None, path: Path
 ) -> tuple[np.ndarray | None, list[Issue]]:
     issues: list[Issue] = []
