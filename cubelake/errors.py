@@ -10,13 +10,18 @@ __all__ = [
     "ConfigError",
     "ContentMismatchError",
     "CubelakeError",
+    "GridMismatchError",
     "LakeError",
     "NoCubeError",
+    "NotReferenceableError",
     "ProfileError",
+    "RefsError",
     "SceneNotFoundError",
     "SceneReadError",
     "SceneRejectedError",
+    "StaleReferenceError",
     "UnsupportedFormatError",
+    "UntrustedTargetError",
 ]
 
 
@@ -62,3 +67,23 @@ class SceneRejectedError(CubelakeError, ValueError):
 
 class LakeError(CubelakeError, OSError):
     """The lake directory is unusable (not writable, foreign layout, newer format)."""
+
+
+class NotReferenceableError(CubelakeError):
+    """A file's layout or the scene's calibration cannot be served by kerchunk references as it is."""
+
+
+class RefsError(CubelakeError):
+    """A reference set is malformed, or cannot be opened as asked."""
+
+
+class UntrustedTargetError(RefsError, PermissionError):
+    """A reference points outside the allowed roots (the lake, and roots the user allowed)."""
+
+
+class StaleReferenceError(RefsError, OSError):
+    """A referenced file changed (size, mtime or ETag) since the references were made."""
+
+
+class GridMismatchError(RefsError, ValueError):
+    """Scenes cannot be stacked into one cube: their grids, bands or encodings differ."""

@@ -260,6 +260,28 @@ class CalibrationPlan:
         """Stored kept bands -> physical values (float64, NaN = missing)."""
         return self.encoding.decode(stored)
 
+    def as_reference(self) -> tuple[CFEncoder | None, str | None]:
+        """The source DNs described as stored values, if this plan changes nothing a reader can't.
+
+        A kerchunk reference serves the source's bytes; a calibration is expressible there only as
+        CF attributes on them: one ``scale_factor``/``add_offset`` for every band and the source's
+        nodata as ``_FillValue``. Returns ``(encoder, None)`` or ``(None, why not)``.
+        """
+        if not self.selection.is_all:
+            removed = ", ".join(str(k) for k in sorted(self.selection.removed))
+            return None, f"the calibration removes bands ({removed}), which a reference cannot do"
+        gains, offsets = set(self.linear.gains), set(self.linear.offsets)
+        if len(gains) > 1 or len(offsets) > 1:
+            return None, "the calibration applies per-band gain/offset, which CF scale_factor/add_offset cannot express"
+        gain, offset = (gains.pop() if gains else 1.0), (offsets.pop() if offsets else 0.0)
+        enc = self.encoding
+        if np.dtype(enc.dtype) != np.dtype(self.source_dtype):
+            return None, f"the calibration stores {enc.dtype} values from {self.source_dtype} source values"
+        if (gain, offset) != (enc.scale_factor, enc.add_offset):
+            return None, (f"the calibration rescales values (gain {gain:g}, offset {offset:g} into scale_factor "
+                          f"{enc.scale_factor:g}, add_offset {enc.add_offset:g})")
+        return CFEncoder(self.source_dtype, gain, offset, self.nodata), None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "source_dtype": self.source_dtype,

@@ -45,7 +45,7 @@ from .report import Code, Issue, ValidationReport, error, warning
 from .scan import ScanResult, scan
 from .sources import RasterSource, SceneInput, SceneKind, SourceOptions, discover, open_source
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
-from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
+from .zarr_writer import CubeSpec, ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
 __all__ = [
     "PRODUCTS",
@@ -392,26 +392,23 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             **({"units": cal.unit} if cal.unit else {}),
             "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
         }
+        cube_spec = CubeSpec(
+            shape=(nb, meta.height, meta.width),
+            encoding=cal.encoding,
+            band_numbers=[b.number for b in plan.bands],
+            wavelengths_nm=[b.wavelength_nm for b in plan.bands],
+            fwhm_nm=[b.fwhm_nm for b in plan.bands],
+            band_names=[b.name for b in plan.bands],
+            transform=meta.transform,
+            crs_wkt=meta.crs_wkt,
+            attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
+                   "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
+                   **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
+            data_attrs=data_attrs,
+        )
         if "zarr" in options.products:
-            create_zarr(
-                zarr_path,
-                shape=(nb, meta.height, meta.width),
-                chunk=plan.chunk,
-                encoding=cal.encoding,
-                band_numbers=[b.number for b in plan.bands],
-                wavelengths_nm=[b.wavelength_nm for b in plan.bands],
-                fwhm_nm=[b.fwhm_nm for b in plan.bands],
-                band_names=[b.name for b in plan.bands],
-                transform=meta.transform,
-                crs_wkt=meta.crs_wkt,
-                attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
-                       "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
-                       **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
-                data_attrs=data_attrs,
-                codec=options.zarr_codec,
-                shard=shard,
-                labels_dtype=opened.labels.dtype if opened.labels is not None else None,
-            )
+            create_zarr(zarr_path, cube_spec, chunk=plan.chunk, codec=options.zarr_codec, shard=shard,
+                        labels_dtype=opened.labels.dtype if opened.labels is not None else None)
             sinks.append(ZarrSink(zarr_path))
         if "cog" in options.products:
             cog = CogSink(

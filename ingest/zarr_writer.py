@@ -23,7 +23,7 @@ from cubelake.grid import Window
 
 from .calibrate import CFEncoder
 
-__all__ = ["ZarrCodecSpec", "ZarrSink", "create_zarr", "finish_zarr", "grid_coords"]
+__all__ = ["CubeSpec", "ZarrCodecSpec", "ZarrSink", "create_zarr", "dataset_template", "finish_zarr", "grid_coords"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,37 +67,46 @@ def _fill_json(v: float | None) -> Any:
     return float("nan") if math.isnan(v) else v
 
 
-def create_zarr(
-    path: Path,
-    *,
-    shape: tuple[int, int, int],
-    chunk: int,
-    encoding: CFEncoder,
-    band_numbers: list[int],
-    wavelengths_nm: list[float | None],
-    fwhm_nm: list[float | None],
-    band_names: list[str | None],
-    transform: tuple[float, float, float, float, float, float] | None,
-    crs_wkt: str | None,
-    attrs: dict[str, Any],
-    data_attrs: dict[str, Any],
-    codec: ZarrCodecSpec,
-    shard: int | None = None,
-    labels_dtype: str | None = None,
-) -> None:
-    """Write the store's metadata and coordinates; ``data`` (and ``labels``) chunks come later."""
+@dataclass(frozen=True, slots=True)
+class CubeSpec:
+    """What a ``data (band, y, x)`` cube product looks like: shape, grid, bands, encoding, attributes.
+
+    One description serves the native Zarr writer and the reference builder, so both products
+    open in xarray as the same dataset.
+    """
+
+    shape: tuple[int, int, int]
+    encoding: CFEncoder
+    band_numbers: list[int]
+    wavelengths_nm: list[float | None]
+    fwhm_nm: list[float | None]
+    band_names: list[str | None]
+    transform: tuple[float, float, float, float, float, float] | None
+    crs_wkt: str | None
+    attrs: dict[str, Any]
+    data_attrs: dict[str, Any]
+
+
+def dataset_template(spec: CubeSpec, chunks: tuple[int, int, int], labels_dtype: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """An xarray Dataset of the cube's coordinates and a lazy placeholder ``data``, and its encoding.
+
+    Written with ``compute=False`` it gives every array's metadata and the coordinates' values.
+    """
     import dask.array as da
     import xarray as xr
 
-    nb, ny, nx = shape
-    coords: dict[str, Any] = {"band": ("band", np.asarray(band_numbers, dtype=np.int32), {"long_name": "source band number (1-based)"})}
-    if all(w is not None for w in wavelengths_nm):
-        coords["wavelength"] = ("band", np.asarray(wavelengths_nm, dtype=np.float64), {"units": "nm", "long_name": "band centre wavelength"})
-    if all(f is not None for f in fwhm_nm):
-        coords["fwhm"] = ("band", np.asarray(fwhm_nm, dtype=np.float64), {"units": "nm", "long_name": "full width at half maximum"})
-    if all(n for n in band_names):
+    nb, ny, nx = spec.shape
+    data_attrs = dict(spec.data_attrs)
+    encoding = spec.encoding
+    coords: dict[str, Any] = {"band": ("band", np.asarray(spec.band_numbers, dtype=np.int32), {"long_name": "source band number (1-based)"})}
+    if all(w is not None for w in spec.wavelengths_nm):
+        coords["wavelength"] = ("band", np.asarray(spec.wavelengths_nm, dtype=np.float64), {"units": "nm", "long_name": "band centre wavelength"})
+    if all(f is not None for f in spec.fwhm_nm):
+        coords["fwhm"] = ("band", np.asarray(spec.fwhm_nm, dtype=np.float64), {"units": "nm", "long_name": "full width at half maximum"})
+    if all(n for n in spec.band_names):
         # names go in an attribute: Zarr v3 has no specified fixed-length string type yet
-        data_attrs = {**data_attrs, "band_names": [str(n) for n in band_names]}
+        data_attrs["band_names"] = [str(n) for n in spec.band_names]
+    transform = spec.transform
     xy = grid_coords(transform, ny, nx)
     georef = transform is not None
     if xy is not None:
@@ -105,40 +114,53 @@ def create_zarr(
         yattrs = {"standard_name": "projection_y_coordinate", "axis": "Y"} if georef else {"long_name": "pixel row centre", "units": "pixel"}
         coords["x"] = ("x", xy["x"], xattrs)
         coords["y"] = ("y", xy["y"], yattrs)
-    if crs_wkt is not None or transform is not None:
+    if spec.crs_wkt is not None or transform is not None:
         gm: dict[str, Any] = {}
-        if crs_wkt is not None:
-            gm["crs_wkt"] = crs_wkt
-            gm["spatial_ref"] = crs_wkt
+        if spec.crs_wkt is not None:
+            gm["crs_wkt"] = spec.crs_wkt
+            gm["spatial_ref"] = spec.crs_wkt
         if transform is not None:
             a, b, c, d, e, f = transform
             gm["GeoTransform"] = " ".join(repr(v) for v in (c, a, b, f, d, e))
         coords["spatial_ref"] = ((), np.int32(0), gm)
         data_attrs["grid_mapping"] = "spatial_ref"
-    # the dask array is a placeholder (compute=False writes metadata only); xarray wants it aligned to the write unit
-    unit = chunk * (shard or 1)
-    data = da.zeros(shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=(nb, unit, unit))
+    # the dask array is a placeholder (compute=False writes metadata only)
+    data = da.zeros(spec.shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=chunks)
     variables: dict[str, Any] = {"data": (("band", "y", "x"), data, data_attrs)}
-    enc: dict[str, Any] = {
-        "data": {
-            "dtype": encoding.dtype,
-            "chunks": (nb, chunk, chunk),
-            "compressors": [codec.codec()],
-        }
-    }
+    enc: dict[str, Any] = {"data": {"dtype": encoding.dtype, "chunks": chunks}}
     if encoding.fill_value is not None:
         enc["data"]["_FillValue"] = _fill_json(encoding.fill_value)
-        enc["data"]["fill_value"] = _fill_json(encoding.fill_value)
     if encoding.is_scaled:
         enc["data"]["scale_factor"] = encoding.scale_factor
         enc["data"]["add_offset"] = encoding.add_offset
+    if labels_dtype is not None:
+        variables["labels"] = (("y", "x"), da.zeros((ny, nx), dtype=labels_dtype, chunks=chunks[1:]),
+                               {"long_name": "class label per pixel (0 = unlabelled)", **({"grid_mapping": "spatial_ref"} if "spatial_ref" in coords else {})})
+        enc["labels"] = {"chunks": chunks[1:]}
+    return xr.Dataset(variables, coords=coords, attrs=spec.attrs), enc
+
+
+def create_zarr(
+    path: Path,
+    spec: CubeSpec,
+    *,
+    chunk: int,
+    codec: ZarrCodecSpec,
+    shard: int | None = None,
+    labels_dtype: str | None = None,
+) -> None:
+    """Write the store's metadata and coordinates; ``data`` (and ``labels``) chunks come later."""
+    nb, ny, nx = spec.shape
+    # xarray wants the placeholder aligned to the write unit
+    unit = chunk * (shard or 1)
+    ds, enc = dataset_template(spec, (nb, unit, unit), labels_dtype)
+    enc["data"].update(chunks=(nb, chunk, chunk), compressors=[codec.codec()])
+    if spec.encoding.fill_value is not None:
+        enc["data"]["fill_value"] = _fill_json(spec.encoding.fill_value)
     if shard:
         enc["data"]["shards"] = (nb, min(ny, chunk * shard), min(nx, chunk * shard))
-    if labels_dtype is not None:
-        variables["labels"] = (("y", "x"), da.zeros((ny, nx), dtype=labels_dtype, chunks=(chunk, chunk)),
-                               {"long_name": "class label per pixel (0 = unlabelled)", **({"grid_mapping": "spatial_ref"} if "spatial_ref" in coords else {})})
-        enc["labels"] = {"chunks": (chunk, chunk), "compressors": [codec.codec()]}
-    ds = xr.Dataset(variables, coords=coords, attrs=attrs)
+    if "labels" in enc:
+        enc["labels"].update(chunks=(chunk, chunk), compressors=[codec.codec()])
     ds.to_zarr(str(path), mode="w-", zarr_format=3, compute=False, encoding=enc, consolidated=False)
 
 

@@ -1,0 +1,275 @@
+"""A read-only Zarr store over a reference set, which checks what it reads.
+
+fsspec's ``ReferenceFileSystem`` serves the same references but cannot tell when a target has
+changed: it returns whatever bytes now sit at the recorded offsets, which decode to garbage or,
+worse, to plausible wrong values. This store compares each target's size and mtime (local) or
+ETag (S3, sent as ``If-Match`` with every range request) to what the reference set recorded and
+raises :class:`StaleReferenceError` instead. It also checks every target against the allowed
+roots before anything is read.
+
+Local targets are read with ``os.pread`` on a cached descriptor; S3 targets with obstore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from zarr.abc.store import ByteRequest, RangeByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer.core import default_buffer_prototype
+
+from cubelake.errors import RefsError, StaleReferenceError
+
+from .formats import LoadedRefs
+from .model import Target
+from .security import AllowedRoots, split_url
+
+__all__ = ["RefsStore", "S3Options"]
+
+log = logging.getLogger(__name__)
+
+S3Options = dict[str, Any]
+
+
+def _stale(url: str, what: str) -> StaleReferenceError:
+    return StaleReferenceError(
+        f"{url} changed since its references were made ({what}); the byte ranges no longer point at the tiles. "
+        "Re-create the references (re-ingest the scene, or `cubelake refs build`)")
+
+
+class _LocalReader:
+    def __init__(self) -> None:
+        self._fds: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, path: str, t: Target | None) -> os.stat_result:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise StaleReferenceError(f"{path}: referenced file is missing; re-create the references") from None
+        if t is not None:
+            if st.st_size != t.size:
+                raise _stale(path, f"size {st.st_size} bytes, recorded {t.size}")
+            if t.mtime_ns is not None and st.st_mtime_ns != t.mtime_ns:
+                raise _stale(path, "modification time differs from the recorded one")
+        return st
+
+    def read(self, path: str, offset: int, length: int, t: Target | None) -> bytes:
+        st = self.check(path, t)
+        with self._lock:
+            fd, ino = self._fds.get(path, (-1, -1))
+            if ino != st.st_ino:
+                if fd >= 0:
+                    os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+                self._fds[path] = (fd, st.st_ino)
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise _stale(path, f"only {len(data)} of {length} bytes at offset {offset}")
+        return data
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def s3_config(options: S3Options | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """obstore config and client options from s3fs-style options, falling back to ``AWS_*`` variables."""
+    o = dict(options or {})
+    env = os.environ
+    endpoint = o.get("endpoint_url") or o.get("endpoint") or (o.get("client_kwargs") or {}).get("endpoint_url") \
+        or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    cfg: dict[str, Any] = {"region": o.get("region") or o.get("region_name") or env.get("AWS_REGION")
+                           or env.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    key = o.get("key") or o.get("aws_access_key_id") or env.get("AWS_ACCESS_KEY_ID")
+    secret = o.get("secret") or o.get("aws_secret_access_key") or env.get("AWS_SECRET_ACCESS_KEY")
+    if o.get("anon"):
+        cfg["skip_signature"] = True
+    elif key and secret:
+        cfg["access_key_id"] = key
+        cfg["secret_access_key"] = secret
+        token = o.get("token") or env.get("AWS_SESSION_TOKEN")
+        if token:
+            cfg["token"] = token
+    client: dict[str, Any] = {}
+    if endpoint:
+        cfg["endpoint"] = endpoint
+        cfg["virtual_hosted_style_request"] = False
+        if str(endpoint).startswith("http://"):
+            client["allow_http"] = True
+    return cfg, client
+
+
+class _S3Reader:
+    def __init__(self, options: S3Options | None) -> None:
+        self._cfg, self._client = s3_config(options)
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _store(self, bucket: str) -> Any:
+        from obstore.store import S3Store
+
+        with self._lock:
+            if bucket not in self._stores:
+                self._stores[bucket] = S3Store(bucket, config=self._cfg, client_options=self._client)
+            return self._stores[bucket]
+
+    @staticmethod
+    def _split(where: str) -> tuple[str, str]:
+        bucket, _, key = where.partition("/")
+        return bucket, key
+
+    async def check(self, url: str, t: Target | None) -> None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        bucket, key = self._split(split_url(url)[1])
+        try:
+            head = await obstore.head_async(self._store(bucket), key)
+        except (NotFoundError, FileNotFoundError):
+            raise StaleReferenceError(f"{url}: referenced object is missing; re-create the references") from None
+        if t is not None:
+            if int(head["size"]) != t.size:
+                raise _stale(url, f"size {head['size']} bytes, recorded {t.size}")
+            if t.etag is not None and head.get("e_tag") != t.etag:
+                raise _stale(url, f"ETag {head.get('e_tag')}, recorded {t.etag}")
+
+    async def read(self, url: str, offset: int, length: int, t: Target | None) -> bytes:
+        import obstore
+        from obstore.exceptions import NotFoundError, PreconditionError
+
+        bucket, key = self._split(split_url(url)[1])
+        opts: dict[str, Any] = {"range": (offset, offset + length)}
+        if t is not None and t.etag is not None:
+            opts["if_match"] = t.etag
+        try:
+            res = await obstore.get_async(self._store(bucket), key, options=opts)  # type: ignore[arg-type]
+            data = bytes(await res.bytes_async())
+        except PreconditionError:
+            raise _stale(url, "its ETag no longer matches") from None
+        except (NotFoundError, FileNotFoundError):
+            raise StaleReferenceError(f"{url}: referenced object is missing; re-create the references") from None
+        if len(data) != length:
+            raise _stale(url, f"only {len(data)} of {length} bytes at offset {offset}")
+        return data
+
+
+class RefsStore(Store):
+    """Read-only zarr store serving a reference set's keys, with target checks."""
+
+    supports_writes = False
+    supports_deletes = False
+    supports_partial_writes = False
+    supports_listing = True
+
+    def __init__(self, refs: LoadedRefs, *, roots: AllowedRoots, storage_options: S3Options | None = None,
+                 verify: bool = True) -> None:
+        super().__init__(read_only=True)
+        self.refs = refs
+        self.roots = roots
+        self._targets = {t.url: t for t in refs.targets}
+        for url in {*refs.urls, *self._targets}:
+            roots.check(url, refs_path=refs.path)
+        schemes = {split_url(u)[0] for u in refs.urls}
+        unsupported = schemes - {"file", "s3"}
+        if unsupported:
+            raise RefsError(f"{refs.path}: targets use {sorted(unsupported)}; cubelake reads local files and s3:// only")
+        self._local = _LocalReader()
+        self._s3 = _S3Reader(storage_options) if "s3" in schemes else None
+        self._storage_options = storage_options
+        if not self._targets and refs.urls:
+            log.warning("%s records no target sizes/mtimes: changed targets cannot be detected", refs.path)
+        if verify:
+            self.verify_targets()
+
+    def verify_targets(self) -> None:
+        """Check every recorded target now (size, mtime/ETag); raises :class:`StaleReferenceError`."""
+        for url, t in self._targets.items():
+            scheme, where = split_url(url)
+            if scheme == "file":
+                self._local.check(where, t)
+            elif self._s3 is not None:
+                from zarr.core.sync import sync
+
+                sync(self._s3.check(url, t))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RefsStore) and other.refs.path == self.refs.path
+
+    def __repr__(self) -> str:
+        return f"RefsStore({self.refs.path!r})"
+
+    def with_read_only(self, read_only: bool = False) -> RefsStore:
+        if not read_only:
+            raise ValueError("a reference store is read-only")
+        return self
+
+    async def _fetch(self, url: str, offset: int, length: int) -> bytes:
+        scheme, where = split_url(url)
+        t = self._targets.get(url)
+        if scheme == "file":
+            return await asyncio.to_thread(self._local.read, where, offset, length, t)
+        assert self._s3 is not None
+        return await self._s3.read(url, offset, length, t)
+
+    async def get(self, key: str, prototype: BufferPrototype | None = None,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        prototype = prototype or default_buffer_prototype()
+        v = self.refs.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bytes):
+            data = v
+        else:
+            url, off, n = v
+            if byte_range is not None and isinstance(byte_range, RangeByteRequest):
+                off, n = off + byte_range.start, min(n, byte_range.end - byte_range.start)
+                byte_range = None
+            data = await self._fetch(url, off, n)
+        if byte_range is not None:
+            raise RefsError(f"{self.refs.path}: unsupported byte range request {byte_range!r} for {key}")
+        return prototype.buffer.from_bytes(data)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+    async def exists(self, key: str) -> bool:
+        return self.refs.get(key) is not None
+
+    async def set(self, key: str, value: Buffer) -> None:
+        raise RefsError("a reference store is read-only")
+
+    async def delete(self, key: str) -> None:
+        raise RefsError("a reference store is read-only")
+
+    async def list(self) -> AsyncIterator[str]:
+        for k in self.refs.keys():
+            yield k
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        for k in self.refs.keys():
+            if k.startswith(prefix):
+                yield k
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        prefix = prefix.rstrip("/")
+        seen: set[str] = set()
+        for k in self.refs.meta:
+            rest = k if not prefix else (k[len(prefix) + 1:] if k.startswith(prefix + "/") else None)
+            if rest:
+                head = rest.split("/")[0]
+                if head not in seen:
+                    seen.add(head)
+                    yield head
+
+    def close(self) -> None:
+        self._local.close()
+        super().close()
