@@ -95,7 +95,7 @@ def dataset_template(spec: CubeSpec, chunks: tuple[int, int, int], labels_dtype:
     import dask.array as da
     import xarray as xr
 
-    nb, ny, nx = spec.shape
+    ny, nx = spec.shape[1:]
     data_attrs = dict(spec.data_attrs)
     encoding = spec.encoding
     coords: dict[str, Any] = {"band": ("band", np.asarray(spec.band_numbers, dtype=np.int32), {"long_name": "source band number (1-based)"})}

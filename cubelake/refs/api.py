@@ -22,7 +22,7 @@ from .formats import load_refs
 from .layout import TiffLayout, read_layout
 from .model import RefSet, Target
 from .security import AllowedRoots, split_url
-from .store import RefsStore, S3Options, s3_config
+from .store import RefsStore, S3Options, s3_config, s3_store
 
 __all__ = ["build_refs", "lake_roots", "open_array", "open_dataset", "open_store", "stat_target", "tiff_layout"]
 
@@ -68,7 +68,8 @@ def open_dataset(path: str | Path, *, chunks: Any = None, allowed_roots: Sequenc
     import xarray as xr
 
     store = open_store(path, allowed_roots=allowed_roots, storage_options=storage_options)
-    return xr.open_dataset(store, engine="zarr", consolidated=True, zarr_format=2, chunks=chunks, **xr_kwargs)
+    return xr.open_dataset(store, engine="zarr"  # type: ignore[arg-type]
+                           , consolidated=True, zarr_format=2, chunks=chunks, **xr_kwargs)
 
 
 @contextlib.contextmanager
@@ -81,11 +82,9 @@ def _open_binary(url: str, storage_options: S3Options | None) -> Iterator[Any]:
     if scheme != "s3":
         raise RefsError(f"{url}: only local paths and s3:// URLs can be referenced")
     import obstore
-    from obstore.store import S3Store
 
     bucket, _, key = where.partition("/")
-    cfg, client = s3_config(storage_options)
-    reader = obstore.open_reader(S3Store(bucket, config=cfg, client_options=client), key, buffer_size=1 << 20)
+    reader = obstore.open_reader(s3_store(bucket, storage_options), key, buffer_size=1 << 20)
     try:
         yield reader
     finally:
@@ -99,11 +98,9 @@ def stat_target(url: str, storage_options: S3Options | None = None) -> Target:
         st = os.stat(where)
         return Target(str(Path(where).resolve()), st.st_size, mtime_ns=st.st_mtime_ns)
     import obstore
-    from obstore.store import S3Store
 
     bucket, _, key = where.partition("/")
-    cfg, client = s3_config(storage_options)
-    head = obstore.head(S3Store(bucket, config=cfg, client_options=client), key)
+    head = obstore.head(s3_store(bucket, storage_options), key)
     return Target(url, int(head["size"]), etag=head.get("e_tag"))
 
 

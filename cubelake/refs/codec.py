@@ -71,7 +71,7 @@ def _to_planar(tile: np.ndarray, out: np.ndarray) -> None:
         dst[:, r : r + _TRANSPOSE_ROWS] = src[r : r + _TRANSPOSE_ROWS].T
 
 
-class TiffTileCodec(Codec):  # type: ignore[misc]
+class TiffTileCodec(Codec):
     """Decode one TIFF tile (or strip of a separate plane) into a ``(samples, rows, cols)`` chunk.
 
     Parameters mirror the TIFF tags: ``compression`` (a name from :data:`COMPRESSIONS`),

@@ -108,7 +108,7 @@ class LoadedRefs:
             return None
         return _parse_value(v, self.path, key)
 
-    def keys(self) -> Iterator[str]:
+    def iter_keys(self) -> Iterator[str]:
         yield from self.meta
         if self.format == "json":
             yield from (k for k in self._lookup if k not in self.meta)

@@ -29,7 +29,7 @@ from .formats import LoadedRefs
 from .model import Target
 from .security import AllowedRoots, split_url
 
-__all__ = ["RefsStore", "S3Options"]
+__all__ = ["RefsStore", "S3Options", "s3_config", "s3_store"]
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +107,24 @@ def s3_config(options: S3Options | None) -> tuple[dict[str, Any], dict[str, Any]
     return cfg, client
 
 
+def s3_store(bucket: str, options: S3Options | None) -> Any:
+    """An obstore ``S3Store`` for ``bucket``, configured by :func:`s3_config`."""
+    from obstore.store import S3Store
+
+    cfg, client = s3_config(options)
+    return S3Store(bucket, config=cfg, client_options=client)  # type: ignore[arg-type]
+
+
 class _S3Reader:
     def __init__(self, options: S3Options | None) -> None:
-        self._cfg, self._client = s3_config(options)
+        self._options = options
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def _store(self, bucket: str) -> Any:
-        from obstore.store import S3Store
-
         with self._lock:
             if bucket not in self._stores:
-                self._stores[bucket] = S3Store(bucket, config=self._cfg, client_options=self._client)
+                self._stores[bucket] = s3_store(bucket, self._options)
             return self._stores[bucket]
 
     @staticmethod
@@ -251,11 +257,11 @@ class RefsStore(Store):
         raise RefsError("a reference store is read-only")
 
     async def list(self) -> AsyncIterator[str]:
-        for k in self.refs.keys():
+        for k in self.refs.iter_keys():
             yield k
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        for k in self.refs.keys():
+        for k in self.refs.iter_keys():
             if k.startswith(prefix):
                 yield k
 
