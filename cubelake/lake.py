@@ -138,6 +138,33 @@ class Lake:
     def rejected_ids(self) -> list[str]:
         return sorted(p.stem for p in (self.root / "rejected").glob("*.json"))
 
+    # -- reference roots ----------------------------------------------------
+    def _marker(self) -> dict[str, Any]:
+        return dict(json.loads((self.root / "lake.json").read_text()))
+
+    @property
+    def allowed_roots(self) -> list[str]:
+        """Roots outside the lake that its reference sets may point into (local folders, ``s3://`` prefixes)."""
+        return [str(r) for r in self._marker().get("allowed_roots", [])]
+
+    def reference_roots(self) -> list[str]:
+        """Everything a reference set in this lake may point into: the lake itself and :attr:`allowed_roots`."""
+        return [str(self.root.resolve()), *self.allowed_roots]
+
+    def allow_root(self, root: str) -> bool:
+        """Add a reference root (a local folder is stored resolved); returns False if it was there already."""
+        if "://" not in root:
+            root = str(Path(root).expanduser().resolve())
+        with self.lock("_lake_json"):
+            info = self._marker()
+            roots = [str(r) for r in info.get("allowed_roots", [])]
+            if root in roots:
+                return False
+            info["allowed_roots"] = [*roots, root]
+            atomic_write_text(self.root / "lake.json", json.dumps(info) + "\n")
+        log.info("%s: references may now point into %s", self.root, root)
+        return True
+
     # -- concurrency and atomicity -----------------------------------------
     @contextlib.contextmanager
     def lock(self, scene_id: str, *, blocking: bool = True) -> Iterator[bool]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import rasterio
@@ -35,7 +35,12 @@ from cubelake.errors import (
 )
 from cubelake.grid import ChunkGrid
 from cubelake.lake import Lake, atomic_write_text
+from cubelake.refs.build import reference_tiff
+from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
+from cubelake.refs.layout import TiffLayout, read_layout
+from cubelake.refs.model import Target
 
+from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink, dataset_tags
 from .identity import config_hash, content_hash, fingerprint_files, scene_id_for
 from .labels import LabelPlan, plan_labels, write_labels
@@ -43,7 +48,15 @@ from .plan import ScenePlan, build_plan
 from .profile import SensorProfile, match_profile
 from .report import Code, Issue, ValidationReport, error, warning
 from .scan import ScanResult, scan
-from .sources import RasterSource, SceneInput, SceneKind, SourceOptions, discover, open_source
+from .sources import (
+    RasterSource,
+    SceneInput,
+    SceneKind,
+    SceneMetadata,
+    SourceOptions,
+    discover,
+    open_source,
+)
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import CubeSpec, ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
@@ -61,7 +74,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRODUCTS = ("cog", "zarr")
+PRODUCTS = ("cog", "zarr", "refs")
+DEFAULT_PRODUCTS = ("cog", "zarr")
 # Errors after which reading pixels is pointless or unsafe (bombs, missing data).
 _NO_PIXEL_PASS = {
     Code.NOT_FOUND, Code.UNREADABLE, Code.NOT_A_RASTER, Code.CONTENT_MISMATCH, Code.DATA_FILE_MISSING,
@@ -80,7 +94,7 @@ class Outcome(StrEnum):
 class IngestOptions:
     """What to build and how. ``profile=None`` picks a bundled profile by its match rules, else generic."""
 
-    products: tuple[str, ...] = PRODUCTS
+    products: tuple[str, ...] = DEFAULT_PRODUCTS
     profile: SensorProfile | None = None
     chunk: int | None = None
     shard: int | None = None
@@ -90,6 +104,7 @@ class IngestOptions:
     zarr_codec: ZarrCodecSpec = field(default_factory=ZarrCodecSpec)
     gdal_cache_bytes: int = 256 * 1024**2
     force: bool = False
+    refs_format: Literal["auto", "json", "parquet"] = "auto"
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.products if p not in PRODUCTS]
@@ -366,6 +381,74 @@ class _Background:
         return self._value
 
 
+@dataclass(frozen=True, slots=True)
+class _RefsPlan:
+    """How the ``refs`` product is made: the source's tiles in place, or a COG written for it."""
+
+    in_place: bool
+    reason: str | None = None  # why the source is not referenced in place
+    layout: TiffLayout | None = None
+    encoding: CFEncoder | None = None
+
+
+def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
+    assert opened.source is not None
+    assert opened.plan is not None
+    meta = opened.source.meta
+    if meta.format != "GTiff" or len(meta.files) != 1:
+        return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
+    try:
+        layout = read_layout(meta.files[0])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        return _RefsPlan(False, f"its TIFF header could not be parsed for references ({exc})")
+    problems = layout.problems(options.chunk)
+    if problems:
+        return _RefsPlan(False, "; ".join(problems))
+    encoding, why = opened.plan.calibration.as_reference()
+    if encoding is None:
+        return _RefsPlan(False, why)
+    return _RefsPlan(True, None, layout, encoding)
+
+
+def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
+                      meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[dict[str, Any], str]:
+    """Reference the source in place, or the staged COG at its published path; write the set into ``staged``."""
+    if refs_plan.in_place:
+        assert refs_plan.layout is not None
+        assert refs_plan.encoding is not None
+        src = Path(meta.files[0]).resolve()
+        st = src.stat()
+        target = Target(str(src), st.st_size, mtime_ns=st.st_mtime_ns)
+        layout = refs_plan.layout
+        spec = dataclasses.replace(cube_spec, encoding=refs_plan.encoding)
+        if lake.allow_root(str(src.parent)):
+            log.info("%s: lake %s now allows references into %s", src, lake.root, src.parent)
+        note = f"; refs point at the source's tiles in place ({src})"
+    else:
+        st = cog_path.stat()  # publishing renames the folder: size and mtime stay
+        target = Target(str(lake.scene_dir(scene_id).resolve() / cog_path.name), st.st_size, mtime_ns=st.st_mtime_ns)
+        layout = read_layout(str(cog_path))
+        spec = cube_spec
+        note = f"; refs point at the COG, not the source, because {refs_plan.reason}"
+    refs = reference_tiff(layout, target, spec)
+    fmt = options.refs_format
+    if fmt == "auto":
+        fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD else "json"
+    path = write_refs(refs, staged / f"{scene_id}.refs.{'json' if fmt == 'json' else 'parq'}", fmt)
+    info = {
+        "path": path.name,
+        "format": fmt,
+        "bytes": _dir_size(path),
+        "media_type": "application/json" if fmt == "json" else "application/vnd.apache.parquet",
+        "zarr_format": 2,
+        "chunks": refs.n_chunks,
+        "in_place": refs_plan.in_place,
+        "target": target.to_dict(),
+        "reason_not_in_place": refs_plan.reason,
+    }
+    return info, note
+
+
 def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
            settings: dict[str, Any], cfg_hash: str, hasher: _Background,
            previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
@@ -382,6 +465,10 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         "config_hash": cfg_hash,
         "version": __version__,
     }
+    refs_plan = _refs_plan(opened, options) if "refs" in options.products else None
+    want_cog = "cog" in options.products or (refs_plan is not None and not refs_plan.in_place)
+    if refs_plan is not None and not refs_plan.in_place:
+        log.info("%s: referencing a COG copy, not the source, because %s", inp.path, refs_plan.reason)
     with lake.staging(scene_id) as staged:
         sinks: list[Any] = []
         cog = None
@@ -410,7 +497,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             create_zarr(zarr_path, cube_spec, chunk=plan.chunk, codec=options.zarr_codec, shard=shard,
                         labels_dtype=opened.labels.dtype if opened.labels is not None else None)
             sinks.append(ZarrSink(zarr_path))
-        if "cog" in options.products:
+        if want_cog:
             cog = CogSink(
                 cog_path,
                 shape=(nb, meta.height, meta.width),
@@ -450,6 +537,12 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
                                    "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
                                    "validator_warnings": info["warnings"]}
+        refs_note = ""
+        if refs_plan is not None:
+            emit("refs")
+            refs_info, refs_note = _write_scene_refs(lake, scene_id, staged, refs_plan, cube_spec, meta, cog_path, options)
+            products["refs"] = refs_info["path"]
+            product_info["refs"] = refs_info
         labels_info = None
         if opened.labels is not None:
             labels_info = write_labels(opened.labels, staged, scene_id, plan.chunk,
@@ -508,7 +601,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
     return IngestResult(
         str(inp.path), scene_id, Outcome.INGESTED, report,
         f"ingested: {' + '.join(products)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
-        f"{cal.encoding.dtype}) -> {target}",
+        f"{cal.encoding.dtype}) -> {target}{refs_note}",
         products={k: str(target / v) for k, v in products.items()},
         seconds=time.perf_counter() - t0,
     )

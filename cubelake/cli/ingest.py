@@ -60,7 +60,8 @@ def _parse_size(text: str) -> int:
 
 
 def _options(profile: str, products: str, chunk: int | None, shard: int | None, workers: int | None,
-             max_bytes: str | None, variable: str | None, axes: str | None, force: bool) -> IngestOptions:
+             max_bytes: str | None, variable: str | None, axes: str | None, force: bool,
+             refs_format: str = "auto") -> IngestOptions:
     try:
         prof = None if profile == "auto" else load_profile(profile)
     except CubelakeError as exc:
@@ -78,8 +79,10 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
                                  param_hint="--axes")
     limits = Limits(max_bytes=_parse_size(max_bytes)) if max_bytes else Limits()
     source = SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes)
+    if refs_format not in ("auto", "json", "parquet"):
+        raise typer.BadParameter(f"{refs_format!r}: use auto, json or parquet", param_hint="--refs-format")
     opts = IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
-                         source=source)
+                         source=source, refs_format=refs_format)  # type: ignore[arg-type]
     return dataclasses.replace(opts, workers=workers) if workers else opts
 
 
@@ -110,7 +113,11 @@ def ingest_cmd(
     paths: list[Path] = typer.Argument(..., help="Scene files or folders (walked recursively)."),
     lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder (created if new).", envvar="CUBELAKE_LAKE"),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
-    products: str = typer.Option("cog,zarr", "--products", help="Comma-separated: cog, zarr."),
+    products: str = typer.Option("cog,zarr", "--products",
+                                 help="Comma-separated: cog, zarr, refs (kerchunk references to the source's tiles "
+                                      "in place, or to a COG written for them when the source cannot be referenced)."),
+    refs_format: str = typer.Option("auto", "--refs-format",
+                                    help="refs storage: json, parquet, or auto (parquet from 100,000 chunks)."),
     chunk: int | None = typer.Option(None, "--chunk", help="Spatial chunk = COG tile size, pixels (multiple of 16)."),
     shard: int | None = typer.Option(None, "--shard", help="Zarr shard side in chunks (sharding codec); default none."),
     labels: Path | None = typer.Option(None, "--labels", help="Label raster/MAT file for the scene (on its grid)."),
@@ -123,9 +130,9 @@ def ingest_cmd(
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
 ) -> None:
-    """Validate, calibrate and convert scenes into the lake (COG and/or Zarr v3)."""
+    """Validate, calibrate and convert scenes into the lake (COG, Zarr v3 and/or kerchunk references)."""
     configure_output(verbose, quiet)
-    opts = _options(profile, products, chunk, shard, workers, max_bytes, variable, axes, force)
+    opts = _options(profile, products, chunk, shard, workers, max_bytes, variable, axes, force, refs_format)
     try:
         lk = Lake(lake)
     except CubelakeError as exc:

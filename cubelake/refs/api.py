@@ -9,7 +9,6 @@ size and mtime/ETag.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,16 +27,13 @@ __all__ = ["build_refs", "lake_roots", "open_array", "open_dataset", "open_store
 
 
 def lake_roots(path: str | Path) -> list[str] | None:
-    """The allowed roots of the lake holding ``path`` (its root and ``allowed_roots``), or ``None``."""
+    """The reference roots of the lake holding ``path`` (see :meth:`Lake.reference_roots`), or ``None``."""
+    from cubelake.lake import Lake
+
     p = Path(path).resolve()
     for parent in [p, *p.parents]:
-        marker = parent / "lake.json"
-        if marker.is_file():
-            try:
-                doc = json.loads(marker.read_text(encoding="utf-8"))
-            except ValueError:
-                return [str(parent)]
-            return [str(parent), *[str(r) for r in doc.get("allowed_roots", [])]]
+        if (parent / "lake.json").is_file():
+            return Lake(parent, create=False).reference_roots()
     return None
 
 
