@@ -13,12 +13,13 @@ from . import ingest as _ingest
 from . import lake as _lake
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
+from .refs import refs_app
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="cubelake",
-    help="Validate, calibrate and convert hyperspectral scenes into a lake of chunk-aligned COG and Zarr v3 products.",
+    help="Validate, calibrate and convert hyperspectral scenes into a lake of chunk-aligned COG, Zarr v3 and virtual-Zarr (kerchunk) products.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -34,6 +35,7 @@ app.command("ingest")(_ingest.ingest_cmd)
 app.command("validate")(_ingest.validate_cmd)
 app.command("lake")(_lake.lake_cmd)
 app.command("profiles")(_profiles.profiles_cmd)
+app.add_typer(refs_app, name="refs")
 
 
 def main() -> None:

@@ -89,4 +89,4 @@ class AllowedRoots:
         raise UntrustedTargetError(
             f"{refs_path}: target {url!r} is outside the allowed roots ({allowed}); a reference set is untrusted "
             "input. If you trust it, allow that root explicitly (allowed_roots=[...] in Python, --allow-root on the "
-            "command line, or `cubelake lake allow ROOT` for a lake)")
+            "command line, or `cubelake refs allow ROOT --lake LAKE` for a lake)")

@@ -1,0 +1,117 @@
+"""``cubelake refs``: make, stack and check kerchunk reference sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cubelake.errors import CubelakeError
+
+from ._render import QUIET, VERBOSE, configure_output, escape, out_console, print_json
+from .ingest import OutputFormat
+
+refs_app = typer.Typer(help="Kerchunk references: virtual Zarr over (cloud-optimized) GeoTIFF tiles.",
+                       no_args_is_help=True)
+
+
+def _fail(exc: CubelakeError) -> typer.Exit:
+    from ._render import err_console
+
+    err_console().print(f"[red]error[/red]: {escape(str(exc))}")
+    return typer.Exit(1)
+
+
+def _format(fmt: str) -> str:
+    if fmt not in ("auto", "json", "parquet"):
+        raise typer.BadParameter(f"{fmt!r}: use auto, json or parquet", param_hint="--refs-format")
+    return fmt
+
+
+@refs_app.command("build")
+def build_cmd(
+    source: str = typer.Argument(..., help="Tiled GeoTIFF: local path or s3://bucket/key."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write: NAME.json, or a folder for Parquet."),
+    refs_format: str = typer.Option("auto", "--refs-format", help="json, parquet, or auto (parquet from 100,000 chunks)."),
+    chunk: int | None = typer.Option(None, "--chunk", help="Refuse unless the tiles are this size."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
+) -> None:
+    """Reference every tile of a tiled GeoTIFF where it is (S3 credentials/endpoint from AWS_* variables)."""
+    configure_output(verbose, quiet)
+    from cubelake.refs import build_refs, write_refs
+
+    try:
+        refs = build_refs(source, chunk=chunk)
+        path = write_refs(refs, output, _format(refs_format))  # type: ignore[arg-type]
+    except CubelakeError as exc:
+        raise _fail(exc) from None
+    out_console().print(f"{refs.n_chunks} chunks of {escape(source)} -> {escape(str(path))}")
+
+
+@refs_app.command("combine")
+def combine_cmd(
+    refs: list[Path] = typer.Argument(..., help="Reference sets of scenes on one grid (JSON files or Parquet folders)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the stacked set."),
+    dim: str = typer.Option("time", "--dim", help="time (ordered by acquisition time) or scene (as given)."),
+    refs_format: str = typer.Option("auto", "--refs-format", help="json, parquet, or auto."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
+) -> None:
+    """Stack scenes on the same grid into one virtual cube ``data (time, band, y, x)``."""
+    configure_output(verbose, quiet)
+    from cubelake.refs import write_refs
+    from cubelake.refs.combine import combine_refs
+
+    if dim not in ("time", "scene"):
+        raise typer.BadParameter(f"{dim!r}: use time or scene", param_hint="--dim")
+    try:
+        stacked = combine_refs(refs, dim=dim)  # type: ignore[arg-type]
+        path = write_refs(stacked, output, _format(refs_format))  # type: ignore[arg-type]
+    except CubelakeError as exc:
+        raise _fail(exc) from None
+    out_console().print(f"{len(refs)} scenes, {stacked.n_chunks} chunks -> {escape(str(path))}")
+
+
+@refs_app.command("check")
+def check_cmd(
+    refs: Path = typer.Argument(..., help="A reference set (JSON file or Parquet folder)."),
+    allow_root: list[str] = typer.Option([], "--allow-root", help="Also trust targets under this folder or s3:// prefix."),
+    fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
+) -> None:
+    """Check that every target is allowed, present and unchanged, and that the set opens in zarr."""
+    configure_output(verbose, quiet)
+    from cubelake.refs import open_array
+
+    try:
+        arr = open_array(refs, allowed_roots=allow_root)
+        store = arr.store
+        info = {"refs": str(refs), "format": store.refs.format, "shape": list(arr.shape), "chunks": list(arr.chunks),
+                "dtype": str(arr.dtype), "targets": [t.to_dict() for t in store.refs.targets], "ok": True}
+    except CubelakeError as exc:
+        if fmt is OutputFormat.json:
+            print_json({"refs": str(refs), "ok": False, "error": str(exc)})
+            raise typer.Exit(1) from None
+        raise _fail(exc) from None
+    if fmt is OutputFormat.json:
+        print_json(info)
+        return
+    out_console().print(f"ok: {escape(str(refs))} ({info['format']}): data {tuple(arr.shape)} in chunks "
+                        f"{tuple(arr.chunks)}, {len(info['targets'])} target(s) unchanged and allowed")
+
+
+@refs_app.command("allow")
+def allow_cmd(
+    root: str = typer.Argument(..., help="Folder or s3://bucket/prefix that the lake's references may point into."),
+    lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE"),
+) -> None:
+    """Trust a root for reference targets in this lake (recorded in lake.json)."""
+    from cubelake.lake import Lake
+
+    try:
+        added = Lake(lake, create=False).allow_root(root)
+    except CubelakeError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--lake") from exc
+    out_console().print(f"{'allowed' if added else 'already allowed'}: {escape(root)}")
