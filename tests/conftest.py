@@ -1,9 +1,12 @@
-"""Shared fixtures: the real scenes, fresh lakes, and a seeded raster factory."""
+"""Shared fixtures: the real scenes, fresh lakes, a seeded raster factory, and a local S3 server."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +85,40 @@ def geotiff(tmp_path: Path) -> Callable[..., Path]:
         return write_geotiff(tmp_path / name, data, **profile)
 
     return make
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A real S3-protocol server (moto's server mode) on 127.0.0.1, and options to reach it."""
+
+    endpoint: str
+    options: dict[str, str]
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's threaded server on a free loopback port for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        yield S3Server(endpoint, {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "region": "us-east-1"})
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
+    """A fresh bucket for one test."""
+    name = "t-" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{uuid.uuid4().hex[:6]}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name

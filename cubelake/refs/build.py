@@ -12,28 +12,31 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cubelake.errors import NotReferenceableError
-from cubelake.ingest.zarr_writer import CubeSpec, dataset_template
 
 from .layout import TiffLayout
 from .model import RefSet, Target
+
+if TYPE_CHECKING:
+    from cubelake.ingest.zarr_writer import CubeSpec
 
 __all__ = ["reference_tiff", "template_refs"]
 
 
 def template_refs(spec: CubeSpec, chunks: tuple[int, int, int]) -> RefSet:
     """Metadata and coordinate keys of a cube (no ``data`` chunks), as Zarr v2."""
-    import zarr
     from zarr.storage import MemoryStore
+
+    # imported here: cubelake.ingest imports this package (the codec loads without the ingest)
+    from cubelake.ingest.zarr_writer import dataset_template
 
     ds, enc = dataset_template(spec, chunks)
     store = MemoryStore()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds.to_zarr(store, mode="w", zarr_format=2, compute=False, encoding=enc, consolidated=False)
-    del zarr
     refs = RefSet()
     for key, buf in store._store_dict.items():  # a MemoryStore is a dict of Buffers
         if key.startswith("data/") and not key.endswith((".zarray", ".zattrs")):
