@@ -143,7 +143,7 @@ def bench_refgen(cog: Path, work: Path, repeats: int) -> dict[str, Any]:
         "cl_layout": lambda: tiff_layout(url),
         "cl_build": lambda: build_refs(url),
         "kc_build": lambda: kerchunk.tiff.tiff_to_zarr(url),
-        "kc_build_write": lambda: kerchunk.tiff.tiff_to_zarr(url, target=str(kc_json)),
+        "kc_build_write": lambda: kerchunk.tiff.tiff_to_zarr(url, target=str(kc_json), target_options={"mode": "w"}),
     }
     for fn in steps.values():  # warm-up: imports, GDAL driver registration, page cache
         fn()
@@ -155,12 +155,13 @@ def bench_refgen(cog: Path, work: Path, repeats: int) -> dict[str, Any]:
             times[key].append(t)
             if key == "cl_build":
                 refs = out
-                tw, _ = timed(lambda: write_refs(out, cl_json, fmt="json"))
+                tw, _ = timed(lambda r=out: write_refs(r, cl_json, fmt="json"))
                 times["cl_write"].append(tw)
                 times["cl_build_write"].append(t + tw)
             elif key == "kc_build":
                 kc = out
-    assert refs is not None and kc is not None
+    assert refs is not None
+    assert kc is not None
     # both sets must point at the same tiles
     ours = sorted((off, n) for _t, off, n in refs.chunks.values())
     theirs = sorted((v[1], v[2]) for k, v in kc.items() if not k.rsplit("/", 1)[-1].startswith(".") and isinstance(v, list))
@@ -534,7 +535,7 @@ def main() -> None:
     import imagecodecs.numcodecs
 
     imagecodecs.numcodecs.register_codecs(verbose=False)
-    import cubelake.ingest  # noqa: F401  (imported before cubelake.refs, which imports it in turn)
+    import cubelake.ingest  # (imported before cubelake.refs, which imports it in turn)
     import cubelake.refs  # noqa: F401  (registers cubelake_tiff)
 
     work = a.workdir

@@ -124,8 +124,9 @@ def dataset_template(spec: CubeSpec, chunks: tuple[int, int, int], labels_dtype:
             gm["GeoTransform"] = " ".join(repr(v) for v in (c, a, b, f, d, e))
         coords["spatial_ref"] = ((), np.int32(0), gm)
         data_attrs["grid_mapping"] = "spatial_ref"
-    # the dask array is a placeholder (compute=False writes metadata only)
-    data = da.zeros(spec.shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=chunks)
+    # the dask array is a placeholder (compute=False writes metadata only); one dask chunk keeps its
+    # graph to one task (a 100k-chunk placeholder took 20 s to plan) and is aligned with any zarr chunking
+    data = da.zeros(spec.shape, dtype=np.float32 if encoding.is_scaled else encoding.dtype, chunks=spec.shape)
     variables: dict[str, Any] = {"data": (("band", "y", "x"), data, data_attrs)}
     enc: dict[str, Any] = {"data": {"dtype": encoding.dtype, "chunks": chunks}}
     if encoding.fill_value is not None:
@@ -134,7 +135,7 @@ def dataset_template(spec: CubeSpec, chunks: tuple[int, int, int], labels_dtype:
         enc["data"]["scale_factor"] = encoding.scale_factor
         enc["data"]["add_offset"] = encoding.add_offset
     if labels_dtype is not None:
-        variables["labels"] = (("y", "x"), da.zeros((ny, nx), dtype=labels_dtype, chunks=chunks[1:]),
+        variables["labels"] = (("y", "x"), da.zeros((ny, nx), dtype=labels_dtype, chunks=(ny, nx)),
                                {"long_name": "class label per pixel (0 = unlabelled)", **({"grid_mapping": "spatial_ref"} if "spatial_ref" in coords else {})})
         enc["labels"] = {"chunks": chunks[1:]}
     return xr.Dataset(variables, coords=coords, attrs=spec.attrs), enc
@@ -151,9 +152,7 @@ def create_zarr(
 ) -> None:
     """Write the store's metadata and coordinates; ``data`` (and ``labels``) chunks come later."""
     nb, ny, nx = spec.shape
-    # xarray wants the placeholder aligned to the write unit
-    unit = chunk * (shard or 1)
-    ds, enc = dataset_template(spec, (nb, unit, unit), labels_dtype)
+    ds, enc = dataset_template(spec, (nb, chunk, chunk), labels_dtype)
     enc["data"].update(chunks=(nb, chunk, chunk), compressors=[codec.codec()])
     if spec.encoding.fill_value is not None:
         enc["data"]["fill_value"] = _fill_json(spec.encoding.fill_value)

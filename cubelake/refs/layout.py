@@ -106,7 +106,8 @@ class TiffLayout:
                 if not self.is_jfif:
                     colorspace = 2
                 outcolorspace = 2
-        if self.planar:
+        if self.planar:  # one single-component (grayscale) JPEG per band, whatever the photometric
+            colorspace = None
             outcolorspace = 1
         tables = base64.b64encode(self.jpegtables).decode() if self.jpegtables else None
         return TiffTileCodec(name, 1, self.dtype, (th, tw, self.chunk_samples), jpegtables=tables,

@@ -1,0 +1,143 @@
+"""Reference sets are untrusted input: allowed roots, and stale targets caught before wrong bytes are served."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubelake.errors import RefsError, StaleReferenceError, UntrustedTargetError
+from cubelake.lake import Lake
+from cubelake.refs import AllowedRoots, build_refs, open_array, open_dataset, write_refs
+from tests.conftest import hsi_cube
+
+
+def _tiled(geotiff, name: str = "t.tif", bands: int = 3):
+    data = hsi_cube(bands, 128, 192)
+    return geotiff(name, data, tiled=True, blockxsize=64, blockysize=64, compress="zstd", predictor=2), data
+
+
+def _evil(tmp_path: Path, target: str, name: str = "evil.json") -> Path:
+    good = json.loads((tmp_path / "good.json").read_text())
+    refs = good["refs"]
+    for k, v in refs.items():
+        if isinstance(v, list):
+            refs[k] = [target, *v[1:]]
+    good.pop("templates", None)
+    p = tmp_path / name
+    p.write_text(json.dumps(good))
+    return p
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "file:///etc/passwd", "s3://other-bucket/x.tif",
+                                    "http://example.com/x.tif", "relative/x.tif", "SRC/../../../etc/passwd"])
+def test_targets_outside_the_allowed_roots_are_refused(tmp_path: Path, geotiff, target: str) -> None:
+    src, _ = _tiled(geotiff)
+    write_refs(build_refs(str(src)), tmp_path / "good.json")
+    evil = _evil(tmp_path, target.replace("SRC", str(tmp_path)))
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots|relative path|segments"):
+        open_array(evil)
+
+
+def test_symlink_out_of_a_root_is_refused(tmp_path: Path, geotiff) -> None:
+    src, _ = _tiled(geotiff)
+    write_refs(build_refs(str(src)), tmp_path / "good.json")
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(UntrustedTargetError):
+        open_array(_evil(tmp_path, str(tmp_path / "link" / "passwd")))
+
+
+def test_explicitly_allowed_root_is_trusted(tmp_path: Path, geotiff) -> None:
+    elsewhere = tmp_path / "archive"
+    elsewhere.mkdir()
+    src, data = _tiled(geotiff)
+    moved = elsewhere / "t.tif"
+    os.replace(src, moved)
+    refs_dir = tmp_path / "refs"
+    refs_dir.mkdir()
+    write_refs(build_refs(str(moved)), refs_dir / "r.json")
+    with pytest.raises(UntrustedTargetError, match="archive"):
+        open_array(refs_dir / "r.json")
+    np.testing.assert_array_equal(open_array(refs_dir / "r.json", allowed_roots=[str(elsewhere)])[:], data)
+
+
+def test_a_lake_trusts_itself_and_its_allowed_roots_only(tmp_path: Path, geotiff) -> None:
+    lake = Lake(tmp_path / "lake")
+    src, data = _tiled(geotiff)
+    refs = lake.root / "cube.json"
+    write_refs(build_refs(str(src)), refs)
+    with pytest.raises(UntrustedTargetError):
+        open_array(refs)  # the source folder is not a root of this lake
+    assert lake.allow_root(str(tmp_path)) is True
+    assert lake.allow_root(str(tmp_path)) is False
+    np.testing.assert_array_equal(open_array(refs)[:], data)
+
+
+def test_cli_check_reports_untrusted_and_allows_with_flag(tmp_path: Path, geotiff) -> None:
+    src, _ = _tiled(geotiff)
+    sub = tmp_path / "r"
+    sub.mkdir()
+    write_refs(build_refs(str(src)), sub / "r.json")
+    cmd = [sys.executable, "-m", "cubelake.cli", "refs", "check", str(sub / "r.json")]
+    bad = subprocess.run(cmd, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "outside the allowed roots" in bad.stderr and str(src) in bad.stderr
+    ok = subprocess.run([*cmd, "--allow-root", str(tmp_path)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "unchanged and allowed" in ok.stdout
+
+
+def test_allowed_roots_match_whole_path_segments() -> None:
+    roots = AllowedRoots(["/data/lake", "s3://bucket/prefix"])
+    roots.check("/data/lake/x.tif")
+    roots.check("s3://bucket/prefix/a/b.tif")
+    for bad in ("/data/lake2/x.tif", "s3://bucket/prefix2/x.tif", "s3://bucket/prefix/../secret.tif",
+                "s3://bucket2/prefix/x.tif"):
+        with pytest.raises(UntrustedTargetError):
+            roots.check(bad)
+
+
+def test_modified_target_raises_stale_instead_of_wrong_values(tmp_path: Path, geotiff) -> None:
+    src, data = _tiled(geotiff)
+    write_refs(build_refs(str(src)), tmp_path / "r.json")
+    arr = open_array(tmp_path / "r.json")
+    np.testing.assert_array_equal(arr[:], data)
+    # rewrite the file with other values and the same size: only the mtime tells
+    raw = bytearray(src.read_bytes())
+    st = src.stat()
+    raw[-100:] = bytes(100)
+    src.write_bytes(bytes(raw))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(StaleReferenceError, match="changed since its references were made"):
+        arr[:]  # an already-open array notices too
+    with pytest.raises(StaleReferenceError, match=str(src)):
+        open_dataset(tmp_path / "r.json")
+
+
+def test_truncated_or_missing_target_is_stale(tmp_path: Path, geotiff) -> None:
+    src, _ = _tiled(geotiff)
+    write_refs(build_refs(str(src)), tmp_path / "r.json")
+    with open(src, "r+b") as f:
+        f.truncate(src.stat().st_size // 2)
+    with pytest.raises(StaleReferenceError, match="size"):
+        open_array(tmp_path / "r.json")
+    src.unlink()
+    with pytest.raises(StaleReferenceError, match="missing"):
+        open_array(tmp_path / "r.json")
+
+
+@pytest.mark.parametrize("content, match", [
+    ("not json", "not a kerchunk JSON"),
+    ('{"version": 1, "refs": {"data/0.0.0": [1, 2]}}', "malformed reference"),
+    ('{"version": 1, "refs": {"data/0.0.0": ["{{u}}", 0, 5]}}', "undefined template"),
+])
+def test_malformed_reference_files_get_clear_errors(tmp_path: Path, content: str, match: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(RefsError, match=match):
+        open_array(p)
