@@ -89,7 +89,7 @@ def _differences(g0: dict[str, Any], g: dict[str, Any]) -> list[str]:
                 and gt0[2] == gt[2] and gt0[4] == gt[4]):
             out.append(f"resolution differs ({gt[1]:g} x {gt[5]:g} vs {gt0[1]:g} x {gt0[5]:g})")
         elif (gt0[0], gt0[3]) != (gt[0], gt[3]):
-            dx, dy = (gt[0] - gt0[0]) / gt0[1], (gt[3] - gt0[3]) / gt0[5]
+            dx, dy = (gt[0] - gt0[0]) / gt0[1] + 0.0, (gt[3] - gt0[3]) / gt0[5] + 0.0  # + 0.0: no "-0"
             out.append(f"alignment differs: origin offset by ({dx:g}, {dy:g}) pixels")
     if g["shape"][-2:] != g0["shape"][-2:]:
         out.append(f"size differs ({g['shape'][-2]} x {g['shape'][-1]} vs {g0['shape'][-2]} x {g0['shape'][-1]} pixels)")
@@ -107,6 +107,14 @@ def _differences(g0: dict[str, Any], g: dict[str, Any]) -> list[str]:
         if g[key] != g0[key]:
             out.append(f"{what} differs ({g[key]} vs {g0[key]})")
     return out
+
+
+def _stem(path: str) -> str:
+    name = Path(path).name
+    for suffix in (".refs.json", ".refs.parq", ".json", ".parq", ".refs"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _time_value(refs: LoadedRefs) -> datetime | None:
@@ -151,7 +159,7 @@ def combine_refs(paths: Sequence[str | Path], *, dim: Literal["time", "scene"] =
         raise GridMismatchError(f"scenes are not on the grid of {sets[0].path}, so they cannot be stacked: "
                                 + " | ".join(problems) + ". Re-ingest them onto one grid (same CRS, resolution, "
                                 "origin, size and bands) first")
-    ids = [str(_json(r, ".zattrs").get("cubelake:scene_id") or Path(r.path).name.split(".refs")[0]) for r in sets]
+    ids = [str(_json(r, ".zattrs").get("cubelake:scene_id") or _stem(r.path)) for r in sets]
     order = list(range(len(sets)))
     times: list[datetime | None] = [_time_value(r) for r in sets]
     if dim == "time":

@@ -80,7 +80,8 @@ def _write_parquet(refs: RefSet, folder: Path, record_size: int) -> None:
     out = LazyReferenceMapper.create(root=str(folder), fs=fs, record_size=record_size, engine="pyarrow")
     urls = [t.url for t in refs.targets]
     for key in sorted(refs.meta):
-        out[key] = refs.meta[key]
+        if key != ".zmetadata":  # the mapper writes its own, with the record size
+            out[key] = refs.meta[key]
     for key in sorted(refs.chunks):
         ti, off, n = refs.chunks[key]
         out[key] = [urls[ti], off, n]
@@ -185,8 +186,9 @@ def _load_parquet(folder: Path) -> LoadedRefs:
         doc = json.loads(zmeta.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:
         raise RefsError(f"{folder}: unreadable Parquet references ({exc})") from exc
-    meta = {k: json.dumps(v).encode() for k, v in doc.get("metadata", {}).items()}
-    meta[".zmetadata"] = json.dumps({"metadata": doc.get("metadata", {}), "zarr_consolidated_format": 1}).encode()
+    zmeta_doc = {k: v for k, v in doc.get("metadata", {}).items() if k.rsplit("/", 1)[-1] in (".zarray", ".zattrs", ".zgroup")}
+    meta = {k: json.dumps(v).encode() for k, v in zmeta_doc.items()}
+    meta[".zmetadata"] = json.dumps({"metadata": zmeta_doc, "zarr_consolidated_format": 1}).encode()
     urls: dict[str, None] = {}
     for f in sorted(folder.rglob("refs.*.parq")):
         col = pq.read_table(f, columns=["path"]).column("path")
