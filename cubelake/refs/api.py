@@ -9,6 +9,7 @@ size and mtime/ETag.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -82,9 +83,36 @@ def _open_binary(url: str, storage_options: S3Options | None) -> Iterator[Any]:
     bucket, _, key = where.partition("/")
     reader = obstore.open_reader(s3_store(bucket, storage_options), key, buffer_size=1 << 20)
     try:
-        yield reader
+        yield _BytesReader(reader)
     finally:
         reader.close()
+
+
+class _BytesReader(io.RawIOBase):
+    """obstore's buffered object reader as a binary file whose reads return ``bytes`` (tifffile needs them)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._r = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self._r.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._r.tell())
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self._r.read(size if size is not None and size >= 0 else None))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def stat_target(url: str, storage_options: S3Options | None = None) -> Target:

@@ -11,7 +11,14 @@ import rasterio
 from rasterio.transform import from_origin
 
 from cubelake.errors import GridMismatchError, RefsError
-from cubelake.refs import PARQUET_THRESHOLD, build_refs, load_refs, open_array, open_dataset, write_refs
+from cubelake.refs import (
+    PARQUET_THRESHOLD,
+    build_refs,
+    load_refs,
+    open_array,
+    open_dataset,
+    write_refs,
+)
 from cubelake.refs.combine import combine_refs
 from tests.conftest import hsi_cube
 
@@ -28,9 +35,12 @@ def test_parquet_refs_for_more_than_100k_chunks_open_like_json(tmp_path: Path) -
     refs = build_refs(str(src))
     assert refs.n_chunks == 102_400 >= PARQUET_THRESHOLD
     pq = write_refs(refs, tmp_path / "big.refs")  # auto: Parquet at this size
-    assert pq.is_dir() and (pq / ".zmetadata").is_file() and any(pq.rglob("refs.*.parq"))
+    assert pq.is_dir()
+    assert (pq / ".zmetadata").is_file()
+    assert any(pq.rglob("refs.*.parq"))
     js = write_refs(refs, tmp_path / "big.json", "json")
-    assert load_refs(pq).format == "parquet" and load_refs(js).format == "json"
+    assert load_refs(pq).format == "parquet"
+    assert load_refs(js).format == "json"
     assert sum(f.stat().st_size for f in pq.rglob("*") if f.is_file()) < js.stat().st_size / 3
     for path in (pq, js):
         arr = open_array(path)
@@ -84,7 +94,7 @@ def test_stack_along_scene_when_times_are_missing(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds["data"].values, np.stack(cubes))
 
 
-@pytest.mark.parametrize("over, match", [
+@pytest.mark.parametrize(("over", "match"), [
     ({"crs": "EPSG:32634"}, "CRS differs"),
     ({"transform": from_origin(500000, 4000000, 20, 20)}, "resolution differs"),
     ({"transform": from_origin(500060, 4000000, 30, 30)}, r"alignment differs: origin offset by \(2, 0\) pixels"),
