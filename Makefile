@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.installed
 	@echo "== cubelake demo: ingesting the real scenes of $(DATA) into ./$(LAKE)"
-	@$(BIN)/cubelake ingest --lake $(LAKE) \
+	@$(BIN)/cubelake ingest --lake $(LAKE) --products cog,zarr,refs \
 	    $(DATA)/hsi_enmap_potsdam $(DATA)/hsi_aviris_ng_isofit $(DATA)/hsi_abu_anomaly \
 	    $(DATA)/hsi_jasper_ridge $(DATA)/hsi_samson $(DATA)/hsi_houston2018_crop \
 	    $(DATA)/hsi_indian_pines_purdue $(DATA)/landsat5_tm_rstoolbox $(DATA)/landsat8_rio_toa \
@@ -27,6 +27,8 @@ demo: $(VENV)/.installed
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi; \
 	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
 	@$(BIN)/cubelake lake --lake $(LAKE)
+	@echo "== a scene's kerchunk references, checked (targets allowed, unchanged) and opened through zarr"
+	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1)
 
 test: lint
 	$(BIN)/python -m pytest -q
@@ -37,6 +39,7 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py
+	$(BIN)/python bench/refs.py
 
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache

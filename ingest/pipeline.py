@@ -421,6 +421,7 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
         target = Target(str(src), st.st_size, mtime_ns=st.st_mtime_ns)
         layout = refs_plan.layout
         spec = dataclasses.replace(cube_spec, encoding=refs_plan.encoding)
+        own_cog = False
         if lake.allow_root(str(src.parent)):
             log.info("%s: lake %s now allows references into %s", src, lake.root, src.parent)
         note = f"; refs point at the source's tiles in place ({src})"
@@ -429,8 +430,9 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
         target = Target(str(lake.scene_dir(scene_id).resolve() / cog_path.name), st.st_size, mtime_ns=st.st_mtime_ns)
         layout = read_layout(str(cog_path))
         spec = cube_spec
+        own_cog = True
         note = f"; refs point at the COG, not the source, because {refs_plan.reason}"
-    refs = reference_tiff(layout, target, spec)
+    refs = reference_tiff(layout, target, spec, tile_size_rule=not own_cog)
     fmt = options.refs_format
     if fmt == "auto":
         fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD else "json"

@@ -53,9 +53,10 @@ def _fill(value: float | None) -> Any:
     return int(value) if float(value).is_integer() else value
 
 
-def reference_tiff(layout: TiffLayout, target: Target, spec: CubeSpec, *, chunk: int | None = None) -> RefSet:
+def reference_tiff(layout: TiffLayout, target: Target, spec: CubeSpec, *, chunk: int | None = None,
+                   tile_size_rule: bool = True) -> RefSet:
     """References to every stored tile of ``layout`` (the file at ``target``) as ``data`` chunks."""
-    problems = layout.problems(chunk)
+    problems = layout.problems(chunk, tile_size_rule=tile_size_rule)
     if problems:
         raise NotReferenceableError(f"{target.url} cannot be referenced as it is: " + "; ".join(problems))
     nb, ny, nx = spec.shape

@@ -63,8 +63,12 @@ class TiffLayout:
     def n_tiles(self) -> int:
         return int(self.offsets.size)
 
-    def problems(self, chunk: int | None = None) -> list[str]:
-        """Why these tiles cannot be referenced as chunks as they are (empty if they can)."""
+    def problems(self, chunk: int | None = None, *, tile_size_rule: bool = True) -> list[str]:
+        """Why these tiles cannot be referenced as chunks as they are (empty if they can).
+
+        ``tile_size_rule=False`` skips the training-chunk size range, for COGs cubelake wrote
+        itself (a small scene gets tiles the size of the scene).
+        """
         out: list[str] = []
         if not self.tiled:
             out.append(f"it is striped ({self.tile[0]} rows per strip), not tiled")
@@ -83,7 +87,7 @@ class TiffLayout:
             th, tw = self.tile
             if th != tw:
                 out.append(f"its tiles are not square ({th}x{tw})")
-            elif not MIN_TILE <= th <= MAX_TILE:
+            elif tile_size_rule and not MIN_TILE <= th <= MAX_TILE:
                 out.append(f"its {th}x{tw} tiles are outside the {MIN_TILE}..{MAX_TILE} pixels that make training chunks")
             elif chunk is not None and th != chunk:
                 out.append(f"its {th}x{tw} tiles differ from the requested {chunk}x{chunk} chunks")
