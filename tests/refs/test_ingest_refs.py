@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+import rasterio.windows
 import xarray as xr
 
 from cubelake.ingest import IngestOptions, ingest
@@ -124,3 +125,22 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_real_scenes_ingested_with_refs_read_exactly_like_their_cogs(real: Path, tmp_path: Path) -> None:
+    """Every chunk of every real scene's refs equals rasterio's read of the same window of its COG."""
+    lake = Lake(tmp_path / "lake")
+    results = ingest([real / "hsi_enmap_potsdam", real / "hsi_jasper_ridge", real / "landsat5_tm_rstoolbox"], lake,
+                     IngestOptions(products=("cog", "refs")))
+    done = [r for r in results if r.outcome is Outcome.INGESTED]
+    assert len(done) >= 6
+    for r in done:
+        arr = open_array(r.products["refs"])
+        _, ch, cw = arr.chunks
+        with rasterio.open(r.products["cog"]) as cog:
+            assert arr.shape == (cog.count, cog.height, cog.width)
+            for y in range(0, cog.height, ch):
+                for x in range(0, cog.width, cw):
+                    win = rasterio.windows.Window(x, y, min(cw, cog.width - x), min(ch, cog.height - y))
+                    np.testing.assert_array_equal(arr[:, y:y + win.height, x:x + win.width], cog.read(window=win),
+                                                  err_msg=f"{r.path} chunk at row {y}, col {x}")
