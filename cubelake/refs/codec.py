@@ -128,7 +128,8 @@ class TiffTileCodec(Codec):
         else:
             # the tile's decoded size is known: decoding into a sized buffer is much faster for
             # ZSTD, whose libtiff frames do not record it (FIELD_NOTES)
-            data = _DECODERS[self.compression](buf, out=self._nbytes)
+            # a writable numpy buffer: the predictor then works in place, with no 16 MiB copy
+            data = _DECODERS[self.compression](buf, out=np.empty(self._nbytes, dtype=np.uint8))
             if len(data) < self._nbytes:
                 if self.compression != "lzw":
                     raise ValueError(f"cubelake_tiff: tile decoded to {len(data)} bytes, expected {self._nbytes}")
