@@ -399,7 +399,7 @@ def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
         return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
     try:
         layout = read_layout(meta.files[0])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+    except Exception as exc:  # a damaged header can make tifffile raise almost anything; cogify instead
         return _RefsPlan(False, f"its TIFF header could not be parsed for references ({exc})")
     problems = layout.problems(options.chunk)
     if problems:

@@ -133,9 +133,9 @@ def tiff_layout(url: str, storage_options: S3Options | None = None) -> TiffLayou
     try:
         with _open_binary(url, storage_options) as fh:
             return read_layout(fh)
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise RefsError(f"{url}: no such file") from exc
+    except FileNotFoundError as exc:
+        raise RefsError(f"{url}: no such file") from exc
+    except Exception as exc:  # a damaged header can make tifffile raise almost anything
         raise NotReferenceableError(f"{url}: not a readable TIFF ({type(exc).__name__}: {exc})") from exc
 
 

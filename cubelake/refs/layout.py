@@ -73,12 +73,13 @@ class TiffLayout:
         if not self.tiled:
             out.append(f"it is striped ({self.tile[0]} rows per strip), not tiled")
         if self.compression not in COMPRESSIONS:
-            out.append(f"its compression ({self.compression}) has no reference codec; "
+            out.append(f"its compression ({_compression_name(self.compression)}) has no reference codec; "
                        f"referenceable: {sorted(set(COMPRESSIONS.values()))}")
         if self.predictor not in PREDICTORS:
             out.append(f"its predictor ({self.predictor}) is not 1, 2 or 3")
         if not self.dtype:
-            out.append(f"its samples ({self.bits_per_sample}-bit) are not a whole-byte integer or float type")
+            jpeg = " JPEG" if self.compression == 7 else ""
+            out.append(f"its{jpeg} samples ({self.bits_per_sample}-bit) are not a whole-byte integer or float type")
         if self.fill_order != 1:
             out.append("its bits are stored in reversed order (FillOrder 2)")
         if self.compression == 7 and self.photometric not in (0, 1, 2, 6):
@@ -120,6 +121,15 @@ class TiffLayout:
     def tile_index(self, plane: int, row: int, col: int) -> int:
         per_plane = self.tiles_down * self.tiles_across
         return plane * per_plane + row * self.tiles_across + col
+
+
+def _compression_name(code: int) -> str:
+    import tifffile
+
+    try:
+        return f"{tifffile.COMPRESSION(code).name} = {code}"
+    except ValueError:
+        return str(code)
 
 
 def _dtype(page: Any, byteorder: str) -> str:
