@@ -82,7 +82,7 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
     if refs_format not in ("auto", "json", "parquet"):
         raise typer.BadParameter(f"{refs_format!r}: use auto, json or parquet", param_hint="--refs-format")
     opts = IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
-                         source=source, refs_format=refs_format)  # type: ignore[arg-type]
+                         source=source, refs_format=refs_format)
     return dataclasses.replace(opts, workers=workers) if workers else opts
 
 
