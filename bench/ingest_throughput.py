@@ -63,25 +63,10 @@ def scene_shape(size_gib: float, bands: int) -> tuple[int, int]:
 
 def ensure_scene(out: Path, height: int, width: int, bands: int) -> Path:
     """Reuse ``out/synth_HxWxB.tif`` when it has the expected layout, else write it with synth.py."""
-    import rasterio
-
-    path = out / f"synth_{height}x{width}x{bands}.tif"
-    if path.exists():
-        with rasterio.open(path) as ds:
-            ok = (ds.shape == (height, width) and ds.count == bands and ds.dtypes[0] == "int16"
-                  and ds.block_shapes[0] == (CHUNK, CHUNK) and ds.compression is None
-                  and ds.interleaving is not None and ds.interleaving.value == "PIXEL")
-        if ok:
-            return path
-        path.unlink()
-    print(f"writing {path} ({height}x{width}x{bands} int16) with bench/synth.py ...", flush=True)
     sys.path.insert(0, str(HERE))
-    from synth import write_scene
+    from synth import ensure_scene as ensure
 
-    tmp = path.with_suffix(".partial.tif")
-    write_scene(tmp, height=height, width=width, bands=bands)
-    tmp.rename(path)
-    return path
+    return ensure(out, height, width, bands, CHUNK)
 
 
 # -- one measured run ---------------------------------------------------------------------------

@@ -204,24 +204,10 @@ def scene_side(size_gib: float, bands: int) -> int:
 
 
 def ensure_scene(work: Path, side: int, bands: int) -> Path:
-    import rasterio
-
-    path = work / f"synth_{side}x{side}x{bands}.tif"
-    if path.exists():
-        with rasterio.open(path) as ds:
-            ok = ds.shape == (side, side) and ds.count == bands and ds.dtypes[0] == "int16" \
-                and ds.block_shapes[0] == (CHUNK, CHUNK)
-        if ok:
-            return path
-        path.unlink()
-    print(f"writing {path} ({bands}x{side}x{side} int16) with bench/synth.py ...", flush=True)
     sys.path.insert(0, str(HERE))
-    from synth import write_scene
+    from synth import ensure_scene as ensure
 
-    tmp = path.with_suffix(".partial.tif")
-    write_scene(tmp, height=side, width=side, bands=bands)
-    tmp.rename(path)
-    return path
+    return ensure(work, side, side, bands, CHUNK)
 
 
 def lake_products(lake: Path) -> dict[str, Path]:

@@ -58,6 +58,24 @@ def write_scene(path: Path, *, height: int, width: int, bands: int, block: int =
     return path
 
 
+
+def ensure_scene(out: Path, height: int, width: int, bands: int, block: int = 256) -> Path:
+    """Reuse ``out/synth_HxWxB.tif`` when it has the expected layout, else write it (atomically)."""
+    path = out / f"synth_{height}x{width}x{bands}.tif"
+    if path.exists():
+        with rasterio.open(path) as ds:
+            ok = (ds.shape == (height, width) and ds.count == bands and ds.dtypes[0] == "int16"
+                  and ds.block_shapes[0] == (block, block) and ds.compression is None
+                  and ds.interleaving is not None and ds.interleaving.value == "PIXEL")
+        if ok:
+            return path
+        path.unlink()
+    print(f"writing {path} ({height}x{width}x{bands} int16) with bench/synth.py ...", flush=True)
+    tmp = path.with_suffix(".partial.tif")
+    write_scene(tmp, height=height, width=width, bands=bands, block=block)
+    tmp.rename(path)
+    return path
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out", type=Path)
