@@ -46,6 +46,10 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the sibling helper modules
+from common import can_drop_caches, drop_caches  # noqa: E402
+from synth import ensure_scene as ensure_synth_scene  # noqa: E402
+
 BIN = Path(sys.executable).parent
 TIME = "/usr/bin/time"
 GDAL_TRANSLATE = "/usr/bin/gdal_translate"
@@ -63,21 +67,10 @@ def scene_shape(size_gib: float, bands: int) -> tuple[int, int]:
 
 def ensure_scene(out: Path, height: int, width: int, bands: int) -> Path:
     """Reuse ``out/synth_HxWxB.tif`` when it has the expected layout, else write it with synth.py."""
-    sys.path.insert(0, str(HERE))
-    from synth import ensure_scene as ensure
-
-    return ensure(out, height, width, bands, CHUNK)
+    return ensure_synth_scene(out, height, width, bands, CHUNK)
 
 
 # -- one measured run ---------------------------------------------------------------------------
-def can_drop_caches() -> bool:
-    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def busy_cpu_seconds() -> float:

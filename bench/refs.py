@@ -81,6 +81,10 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the sibling helper modules
+from common import can_drop_caches, drop_caches  # noqa: E402
+from synth import ensure_scene as ensure_synth_scene  # noqa: E402
+
 CHUNK = 256
 BANDS = 128
 BIG_SIDE = 25600  # 100 x 100 tiles of 256
@@ -89,14 +93,6 @@ MB = 1e6
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def can_drop_caches() -> bool:
-    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -204,10 +200,7 @@ def scene_side(size_gib: float, bands: int) -> int:
 
 
 def ensure_scene(work: Path, side: int, bands: int) -> Path:
-    sys.path.insert(0, str(HERE))
-    from synth import ensure_scene as ensure
-
-    return ensure(work, side, side, bands, CHUNK)
+    return ensure_synth_scene(work, side, side, bands, CHUNK)
 
 
 def lake_products(lake: Path) -> dict[str, Path]:

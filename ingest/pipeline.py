@@ -481,13 +481,11 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             **({"units": cal.unit} if cal.unit else {}),
             "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
         }
-        cube_spec = CubeSpec(
-            shape=(nb, meta.height, meta.width),
+        cube_spec = CubeSpec.from_bands(
+            plan.bands,
+            height=meta.height,
+            width=meta.width,
             encoding=cal.encoding,
-            band_numbers=[b.number for b in plan.bands],
-            wavelengths_nm=[b.wavelength_nm for b in plan.bands],
-            fwhm_nm=[b.fwhm_nm for b in plan.bands],
-            band_names=[b.name for b in plan.bands],
             transform=meta.transform,
             crs_wkt=meta.crs_wkt,
             attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,

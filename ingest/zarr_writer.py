@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ import numpy as np
 from cubelake.grid import Window
 
 from .calibrate import CFEncoder
+from .sources import BandInfo
 
 __all__ = ["CubeSpec", "ZarrCodecSpec", "ZarrSink", "create_zarr", "dataset_template", "finish_zarr", "grid_coords"]
 
@@ -85,6 +87,24 @@ class CubeSpec:
     crs_wkt: str | None
     attrs: dict[str, Any]
     data_attrs: dict[str, Any]
+
+    @classmethod
+    def from_bands(cls, bands: Sequence[BandInfo], *, height: int, width: int, encoding: CFEncoder,
+                   transform: tuple[float, float, float, float, float, float] | None, crs_wkt: str | None,
+                   attrs: dict[str, Any], data_attrs: dict[str, Any]) -> CubeSpec:
+        """The cube of ``bands`` (numbers, wavelengths, FWHM and names taken from each) on one grid."""
+        return cls(
+            shape=(len(bands), height, width),
+            encoding=encoding,
+            band_numbers=[b.number for b in bands],
+            wavelengths_nm=[b.wavelength_nm for b in bands],
+            fwhm_nm=[b.fwhm_nm for b in bands],
+            band_names=[b.name for b in bands],
+            transform=transform,
+            crs_wkt=crs_wkt,
+            attrs=attrs,
+            data_attrs=data_attrs,
+        )
 
 
 def dataset_template(spec: CubeSpec, chunks: tuple[int, int, int], labels_dtype: str | None = None) -> tuple[Any, dict[str, Any]]:

@@ -178,13 +178,11 @@ def build_refs(url: str, *, chunk: int | None = None, storage_options: S3Options
             meta = src.meta
         finally:
             src.close()
-    spec = CubeSpec(
-        shape=(meta.count, meta.height, meta.width),
+    spec = CubeSpec.from_bands(
+        meta.bands,
+        height=meta.height,
+        width=meta.width,
         encoding=CFEncoder(meta.dtype, 1.0, 0.0, meta.nodata),
-        band_numbers=[b.number for b in meta.bands],
-        wavelengths_nm=[b.wavelength_nm for b in meta.bands],
-        fwhm_nm=[b.fwhm_nm for b in meta.bands],
-        band_names=[b.name for b in meta.bands],
         transform=meta.transform,
         crs_wkt=meta.crs_wkt,
         attrs={"cubelake:source": target.url, **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},

@@ -33,12 +33,12 @@ def template_refs(spec: CubeSpec, chunks: tuple[int, int, int]) -> RefSet:
     from cubelake.ingest.zarr_writer import dataset_template
 
     ds, enc = dataset_template(spec, chunks)
-    store = MemoryStore()
+    written: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds.to_zarr(store, mode="w", zarr_format=2, compute=False, encoding=enc, consolidated=False)
+        ds.to_zarr(MemoryStore(written), mode="w", zarr_format=2, compute=False, encoding=enc, consolidated=False)
     refs = RefSet()
-    for key, buf in store._store_dict.items():  # a MemoryStore is a dict of Buffers
+    for key, buf in written.items():
         if key.startswith("data/") and not key.endswith((".zarray", ".zattrs")):
             continue
         refs.meta[key] = buf.to_bytes()

@@ -19,7 +19,13 @@ import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from zarr.abc.store import ByteRequest, RangeByteRequest, Store
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.core.buffer.core import default_buffer_prototype
 
@@ -167,6 +173,19 @@ class _S3Reader:
         return data
 
 
+def _span(size: int, byte_range: ByteRequest | None) -> tuple[int, int]:
+    """``[start, stop)`` of a zarr byte request within a value of ``size`` bytes."""
+    if byte_range is None:
+        return 0, size
+    if isinstance(byte_range, RangeByteRequest):
+        return byte_range.start, min(size, byte_range.end)
+    if isinstance(byte_range, OffsetByteRequest):
+        return byte_range.offset, size
+    if isinstance(byte_range, SuffixByteRequest):
+        return max(0, size - byte_range.suffix), size
+    raise RefsError(f"unsupported byte range request {byte_range!r}")
+
+
 class RefsStore(Store):
     """Read-only zarr store serving a reference set's keys, with target checks."""
 
@@ -232,16 +251,11 @@ class RefsStore(Store):
         if v is None:
             return None
         if isinstance(v, bytes):
-            data = v
-        else:
-            url, off, n = v
-            if byte_range is not None and isinstance(byte_range, RangeByteRequest):
-                off, n = off + byte_range.start, min(n, byte_range.end - byte_range.start)
-                byte_range = None
-            data = await self._fetch(url, off, n)
-        if byte_range is not None:
-            raise RefsError(f"{self.refs.path}: unsupported byte range request {byte_range!r} for {key}")
-        return prototype.buffer.from_bytes(data)
+            start, stop = _span(len(v), byte_range)
+            return prototype.buffer.from_bytes(v[start:stop])
+        url, off, n = v
+        start, stop = _span(n, byte_range)
+        return prototype.buffer.from_bytes(await self._fetch(url, off + start, stop - start))
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
