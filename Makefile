@@ -35,7 +35,7 @@ test: lint
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cubelake ingest catalog loaders tests bench
-	$(BIN)/mypy cubelake ingest
+	$(BIN)/mypy cubelake ingest catalog
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py

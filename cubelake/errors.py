@@ -7,10 +7,14 @@ fix it. Domain errors also inherit the matching built-in so callers can catch ei
 from __future__ import annotations
 
 __all__ = [
+    "CatalogError",
+    "CatalogQueryError",
     "ConfigError",
     "ContentMismatchError",
+    "CorruptItemError",
     "CubelakeError",
     "GridMismatchError",
+    "ItemNotFoundError",
     "LakeError",
     "NoCubeError",
     "NotReferenceableError",
@@ -87,3 +91,22 @@ class StaleReferenceError(RefsError, OSError):
 
 class GridMismatchError(RefsError, ValueError):
     """Scenes cannot be stacked into one cube: their grids, bands or encodings differ."""
+
+
+class CatalogError(CubelakeError):
+    """The catalog (STAC JSON or its SQLite index) cannot do what was asked."""
+
+
+class CatalogQueryError(CatalogError, ValueError):
+    """A search is malformed: bad bbox, datetime, wavelength range, filter, sort key or property."""
+
+
+class CorruptItemError(CatalogError, ValueError):
+    """An item JSON file cannot be read or is not a STAC item."""
+
+
+class ItemNotFoundError(CatalogError, KeyError):
+    """No item with this id in the catalog."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""

@@ -228,6 +228,20 @@ class CalibrationPlan:
             mask |= ~np.isfinite(block)
         return mask
 
+    def valid_pixels(self, raw: np.ndarray) -> np.ndarray | None:
+        """``(y, x)`` True where any kept band of ``raw (source band, y, x)`` is valid; ``None`` = all are."""
+        keep = self.selection.keep
+        valid: np.ndarray | None = None
+        for g0 in range(0, len(keep), _GROUP):
+            invalid = self.invalid_mask(raw[list(keep[g0 : g0 + _GROUP])])
+            if invalid is None:
+                return None
+            v = np.logical_not(invalid.all(axis=0))
+            valid = v if valid is None else (valid | v)
+            if valid.all():  # the usual case inside a scene: one group decides
+                return None
+        return valid
+
     def apply(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``raw (source band, y, x)`` -> ``(stored (kept band, y, x), clipped count per kept band)``."""
         if raw.shape[0] != self.selection.n_source:

@@ -48,6 +48,16 @@ def file_blake3(path: Path) -> str:
     return h.hexdigest()
 
 
+def tree_blake3(root: Path) -> str:
+    """One BLAKE3 over a directory: each file's relative path, size and BLAKE3, in path order."""
+    from blake3 import blake3
+
+    h = blake3()
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0{file_blake3(p)}\n".encode())
+    return h.hexdigest()
+
+
 def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:
     """Size, mtime and BLAKE3 of each file; hashes reused from ``previous`` when size+mtime match."""
     known = {}

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ import numpy as np
 import rasterio
 
 from cubelake import __version__
+from cubelake.catalog.items import ITEM_FILE, item_from_record
+from cubelake.catalog.lake import LakeCatalog
 from cubelake.errors import (
     ContentMismatchError,
     CubelakeError,
@@ -40,9 +43,18 @@ from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
 from cubelake.refs.model import Target
 
+from .acqtime import acquisition_time
 from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink, dataset_tags
-from .identity import config_hash, content_hash, fingerprint_files, scene_id_for
+from .footprint import ValidMask, footprint_from_mask
+from .identity import (
+    config_hash,
+    content_hash,
+    file_blake3,
+    fingerprint_files,
+    scene_id_for,
+    tree_blake3,
+)
 from .labels import LabelPlan, plan_labels, write_labels
 from .plan import ScenePlan, build_plan
 from .profile import SensorProfile, match_profile
@@ -211,7 +223,7 @@ def _source_options(options: IngestOptions) -> SourceOptions:
 
 
 def _pixel_pass(opened: _Opened, options: IngestOptions, sinks: Sequence[Any], progress: Callable[[int, int], None] | None,
-                chunk: int, shard: int | None) -> ScanResult:
+                chunk: int, shard: int | None, footprint: ValidMask | None = None) -> ScanResult:
     assert opened.source is not None
     meta = opened.source.meta
     grid = ChunkGrid.square(meta.height, meta.width, chunk)
@@ -224,6 +236,7 @@ def _pixel_pass(opened: _Opened, options: IngestOptions, sinks: Sequence[Any], p
             units_per_side=shard or 1,
             workers=options.workers,
             progress=progress,
+            footprint=footprint,
         )
     nodata = opened.plan.calibration.nodata if opened.plan is not None else meta.nodata
     opened.report.extend(result.issues)
@@ -356,6 +369,13 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
     finally:
         if source is not None:
             source.close()
+
+
+def fault_point(name: str) -> None:
+    """Kill this process here when ``CUBELAKE_FAULT`` names this point (crash-consistency tests only)."""
+    if os.environ.get("CUBELAKE_FAULT") == name:
+        log.warning("CUBELAKE_FAULT=%s: killing the process here", name)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Background:
@@ -511,8 +531,10 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 unit=cal.unit,
             )
             sinks.append(cog)
+        valid_mask = ValidMask(meta.height, meta.width)
         try:
-            result = _pixel_pass(opened, options, sinks, lambda d, t: emit("scan", d, t), plan.chunk, shard)
+            result = _pixel_pass(opened, options, sinks, lambda d, t: emit("scan", d, t), plan.chunk, shard,
+                                 valid_mask)
         except BaseException:
             if cog is not None:
                 cog.abort()
@@ -535,6 +557,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             info = cog.finish()
             products["cog"] = cog_path.name
             product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
+                                   "blake3": file_blake3(cog_path),
                                    "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
                                    "validator_warnings": info["warnings"]}
         refs_note = ""
@@ -553,6 +576,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             product_info["zarr"] = {"path": zarr_path.name, "array": "data", "bytes": _dir_size(zarr_path),
                                     "media_type": "application/vnd+zarr; version=3"}
         phys = result.stats.physical(cal.selection.keep, cal.linear)
+        fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
         prints = hasher.result()
         c_hash = content_hash(prints)
         record_core["content_hash"] = c_hash
@@ -578,6 +602,9 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 "shard_chunks": shard,
             },
             "datetime": meta.datetime,
+            "acquisition": acquisition_time(meta.datetime, str(inp.path), plan.profile.time,
+                                            datetime.now(UTC)).to_dict(),
+            "footprint": fp.to_dict() if fp is not None else None,
             "tags": meta.tags,
             "bands": [
                 {"index": i, "source_band": b.number, "name": b.name, "wavelength_nm": b.wavelength_nm,
@@ -589,14 +616,25 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             "labels": labels_info,
             "validation": {"ok": True, "warnings": [w.to_dict() for w in report.warnings]},
         }
-        record = _json_safe(record)
-        atomic_write_text(staged / "validation.json", report.to_json() + "\n")
-        atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
         if "zarr" in options.products:
             finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))},
                         {"cubelake:content_hash": c_hash})
+            product_info["zarr"]["bytes"] = _dir_size(zarr_path)
+            product_info["zarr"]["tree_blake3"] = tree_blake3(zarr_path)
+        if "refs" in product_info:
+            refs_file = staged / product_info["refs"]["path"]
+            product_info["refs"]["blake3" if refs_file.is_file() else "tree_blake3"] = (
+                file_blake3(refs_file) if refs_file.is_file() else tree_blake3(refs_file))
+        record = _json_safe(record)
+        item = item_from_record(record)
+        atomic_write_text(staged / "validation.json", report.to_json() + "\n")
+        atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1) + "\n")
         emit("publish")
-        target = lake.publish(staged, scene_id)
+        with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
+            target = lake.publish(staged, scene_id)
+            fault_point("after-products")
+            catalog.publish(scene_id)
     emit("done")
     return IngestResult(
         str(inp.path), scene_id, Outcome.INGESTED, report,
@@ -612,6 +650,8 @@ def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: Ingest
     """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
     lk = lake if isinstance(lake, Lake) else Lake(lake)
     lk.recover()
+    with LakeCatalog(lk) as catalog:
+        catalog.recover()
     results = []
     for scene in discover(paths, labels=labels):
         try:

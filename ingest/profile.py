@@ -14,6 +14,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,8 @@ __all__ = [
     "ProductSettings",
     "SensorProfile",
     "Spectral",
+    "StacInfo",
+    "TimeRule",
     "builtin_profiles",
     "load_profile",
     "match_profile",
@@ -157,6 +160,56 @@ class ProductSettings(BaseModel):
         return v
 
 
+class TimeRule(BaseModel):
+    """Where the acquisition time comes from when the file's metadata has none."""
+
+    model_config = _Strict
+    filename_pattern: str | None = Field(
+        None,
+        description="regex searched in the file name, with named groups year, and month+day or doy, "
+        "optionally hour, minute, second (UTC); a date without a time means that whole day",
+    )
+    datetime: str | None = Field(None, description="a fixed acquisition time (ISO 8601, UTC if no offset)")
+    start_datetime: str | None = None
+    end_datetime: str | None = None
+
+    @field_validator("filename_pattern")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            rx = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from exc
+        groups = set(rx.groupindex)
+        if "year" not in groups or not ({"month", "day"} <= groups or "doy" in groups):
+            raise ValueError(f"needs named groups year and month+day (or doy); has {sorted(groups) or 'none'}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> TimeRule:
+        if (self.start_datetime is None) != (self.end_datetime is None):
+            raise ValueError("give both start_datetime and end_datetime, or neither")
+        return self
+
+
+class StacInfo(BaseModel):
+    """What the catalog says about this sensor's scenes (STAC common metadata)."""
+
+    model_config = _Strict
+    platform: str | None = None
+    constellation: str | None = None
+    instruments: list[str] = Field(default_factory=list)
+    license: str = Field("other", description="SPDX id, or 'other'")
+    keywords: list[str] = Field(default_factory=list)
+    providers: list[dict[str, Any]] = Field(default_factory=list)
+    properties: dict[str, Any] = Field(default_factory=dict, description="fixed item properties")
+    tag_properties: dict[str, str] = Field(
+        default_factory=dict, description="item property -> scene metadata tag it is read from (numbers parsed)"
+    )
+
+
 class SensorProfile(BaseModel):
     model_config = _Strict
     name: str = "generic"
@@ -168,6 +221,8 @@ class SensorProfile(BaseModel):
     spectral: Spectral = Field(default_factory=Spectral)
     encoding: Encoding = Field(default_factory=Encoding)
     products: ProductSettings = Field(default_factory=ProductSettings)
+    time: TimeRule = Field(default_factory=TimeRule)
+    stac: StacInfo = Field(default_factory=StacInfo)
     origin: str | None = Field(None, exclude=True, description="where the profile was loaded from")
 
     def config_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from cubelake.errors import SceneReadError
 from cubelake.grid import ChunkGrid, Window
 
 from .calibrate import CalibrationPlan
+from .footprint import ValidMask
 from .report import Code, Issue, error
 from .sources import RasterSource, block_grid
 from .stats import ScanStats
@@ -97,10 +98,12 @@ def scan(
     units_per_side: int = 1,
     workers: int = 2,
     progress: ProgressFn | None = None,
+    footprint: ValidMask | None = None,
 ) -> ScanResult:
     """Read the whole scene once in chunk windows; with a ``plan``, write calibrated units to ``sinks``.
 
-    ``units_per_side`` chunks per side make one write unit (the Zarr shard size).
+    ``units_per_side`` chunks per side make one write unit (the Zarr shard size). With a
+    ``plan`` and a ``footprint``, the valid pixels of the kept bands are marked on it.
     """
     meta = source.meta
     nodata = plan.nodata if plan is not None else meta.nodata
@@ -129,6 +132,8 @@ def scan(
                 problems.extend(_diagnose(source, win, exc))
                 continue
             local.update(raw)
+            if footprint is not None and plan is not None:
+                footprint.add(win, plan.valid_pixels(raw))
             if plan is not None and not problems and not failed.is_set():
                 stored, clip = plan.apply(raw)
                 clipped = clip if clipped is None else clipped + clip

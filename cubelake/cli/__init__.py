@@ -13,6 +13,7 @@ from . import ingest as _ingest
 from . import lake as _lake
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
+from .catalog import catalog_app
 from .refs import refs_app
 
 __all__ = ["app", "main"]
@@ -36,6 +37,7 @@ app.command("validate")(_ingest.validate_cmd)
 app.command("lake")(_lake.lake_cmd)
 app.command("profiles")(_profiles.profiles_cmd)
 app.add_typer(refs_app, name="refs")
+app.add_typer(catalog_app, name="catalog")
 
 
 def main() -> None:

@@ -1,0 +1,501 @@
+"""The catalog's SQLite index: derived from the item JSON, rebuilt by ``cubelake catalog reindex``.
+
+Tables (``SCHEMA_VERSION`` 1):
+
+- ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
+  when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
+  WKB, band count, item href, the properties JSON (without the bulky bands and calibration),
+  and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
+  ``platform``) with their own indexes.
+- ``items_rtree``: an R*Tree of bboxes; an item crossing the antimeridian has two boxes
+  (``id = rowid*2 + part``).
+- ``bands``: one row per band (centre and FWHM in nm); ``coverage``: the merged wavelength
+  intervals the bands cover, which answer "covers 400-2400 nm" with one indexed lookup.
+- ``geohash``: the footprint's compact geohash-6 cover; ``queryables``: every scalar property
+  seen, with its JSON type, so a filter on an unknown or mistyped property is an error.
+
+Writers serialise on SQLite's own lock (``BEGIN IMMEDIATE``, WAL journal, a 60 s busy
+timeout); readers never block. Search drives from the R*Tree when a bbox/geometry is given,
+then checks time, wavelength, band count, geohash and property filters in SQL and the exact
+footprint with shapely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import shapely
+from shapely.geometry import shape
+
+from cubelake.errors import CatalogError, CatalogQueryError
+
+from .coverage import band_intervals, merge_intervals
+from .items import CollectionSummary
+from .query import BUILTIN_SORT, ParsedQuery, Query, epoch, iso, parse_query
+from .schema import (
+    BANDS,
+    CB_BAND_COUNT,
+    CB_CALIBRATION,
+    CB_COVERAGE,
+    CB_DATETIME_SOURCE,
+    CB_GEOHASH,
+    CB_QUALITY,
+    EO_CENTER,
+    EO_CLOUD,
+    EO_FWHM,
+    PROMOTED,
+)
+
+__all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_BULKY = (BANDS, CB_CALIBRATION, CB_GEOHASH)
+
+_PROMOTED_COLUMNS = ", ".join(
+    f"{col} GENERATED ALWAYS AS (json_extract(properties, '$.\"{key}\"')) VIRTUAL" for key, col in PROMOTED.items()
+)
+_PROMOTED_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS items_{col} ON items({col});" for col in PROMOTED.values())
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items(
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    collection TEXT NOT NULL,
+    datetime TEXT,
+    t0 REAL,
+    t1 REAL,
+    west REAL, south REAL, east REAL, north REAL,
+    geometry BLOB,
+    band_count INTEGER NOT NULL,
+    href TEXT,
+    properties TEXT NOT NULL,
+    {_PROMOTED_COLUMNS}
+);
+CREATE INDEX IF NOT EXISTS items_time ON items(t0, t1);
+CREATE INDEX IF NOT EXISTS items_collection ON items(collection, t0);
+{_PROMOTED_INDEXES}
+CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy);
+CREATE TABLE IF NOT EXISTS bands(
+    item INTEGER NOT NULL, idx INTEGER NOT NULL, name TEXT, center_nm REAL, fwhm_nm REAL,
+    PRIMARY KEY(item, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS coverage(item INTEGER NOT NULL, lo_nm REAL NOT NULL, hi_nm REAL NOT NULL,
+    PRIMARY KEY(item, lo_nm)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS geohash(cell TEXT NOT NULL, item INTEGER NOT NULL, PRIMARY KEY(cell, item)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS geohash_item ON geohash(item);
+CREATE TABLE IF NOT EXISTS queryables(key TEXT PRIMARY KEY, type TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One matching item, as the index holds it (``properties`` without bands/calibration/geohash)."""
+
+    id: str
+    collection: str
+    datetime: str | None
+    start: float | None
+    end: float | None
+    bbox: tuple[float, float, float, float] | None
+    band_count: int
+    href: str | None
+    properties: dict[str, Any]
+    geometry: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "collection": self.collection, "datetime": self.datetime,
+                "bbox": list(self.bbox) if self.bbox else None, "band_count": self.band_count,
+                "href": self.href, "properties": self.properties}
+
+
+def _json_type(v: Any) -> str | None:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int | float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return None
+
+
+def _interval(props: dict[str, Any]) -> tuple[float | None, float | None]:
+    if props.get(CB_DATETIME_SOURCE) == "unknown":
+        return None, None
+    start, end = props.get("start_datetime"), props.get("end_datetime")
+    dt = props.get("datetime")
+    if start and end:
+        return epoch(start), epoch(end)
+    if dt:
+        t = epoch(dt)
+        return t, t
+    return None, None
+
+
+@dataclass(slots=True)
+class _Rows:
+    item: tuple[Any, ...]
+    boxes: list[tuple[float, float, float, float]]
+    bands: list[tuple[int, str | None, float | None, float | None]]
+    coverage: list[tuple[float, float]]
+    cells: list[str]
+    queryables: dict[str, str]
+
+
+def _rows(item: dict[str, Any], href: str | None) -> _Rows:
+    """Everything the index stores for one item dict; raises ``CatalogError`` if it is not an item."""
+    try:
+        iid = item["id"]
+        props = item["properties"]
+        coll = item.get("collection") or ""
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"not a STAC item (missing {exc})") from None
+    if not isinstance(iid, str) or not iid or "/" in iid or iid in (".", ".."):
+        raise CatalogError(f"item id {iid!r} is not a safe id")
+    t0, t1 = _interval(props)
+    bbox = item.get("bbox")
+    geom = item.get("geometry")
+    boxes: list[tuple[float, float, float, float]] = []
+    wkb = None
+    if bbox and geom:
+        w, s, e, n = (float(v) for v in (bbox[:2] + bbox[3:5] if len(bbox) == 6 else bbox))
+        boxes = [(w, 180.0, s, n), (-180.0, e, s, n)] if w > e else [(w, e, s, n)]
+        wkb = shapely.to_wkb(shape(geom))
+    else:
+        w = s = e = n = None  # type: ignore[assignment]
+    bands_in = props.get(BANDS) or []
+    centres = [b.get(EO_CENTER) for b in bands_in]
+    fwhms = [b.get(EO_FWHM) for b in bands_in]
+    c_nm = [c * 1000.0 if c is not None else None for c in centres]
+    f_nm = [f * 1000.0 if f is not None else None for f in fwhms]
+    merged = merge_intervals(band_intervals(c_nm, f_nm))
+    band_rows = [(i, b.get("name"), c_nm[i], f_nm[i]) for i, b in enumerate(bands_in)]
+    slim = {k: v for k, v in props.items() if k not in _BULKY}
+    q = {k: t for k, v in slim.items() if (t := _json_type(v)) is not None}
+    n_bands = int(props.get(CB_BAND_COUNT, len(bands_in)))
+    row = (iid, coll, props.get("datetime"), t0, t1, w, s, e, n, wkb, n_bands, href, json.dumps(slim))
+    return _Rows(row, boxes, band_rows, merged, list(props.get(CB_GEOHASH) or []), q)
+
+
+class CatalogIndex:
+    """The SQLite index of a catalog (created if missing). Thread-confined: one per thread."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=60, isolation_level=None)
+            else:
+                self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=60000")
+            if not readonly:
+                self._create()
+            version = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise CatalogError(f"{self.path}: not a usable catalog index ({exc}); rebuild it with "
+                               "'cubelake catalog reindex'") from exc
+        if version is None or int(version[0]) != SCHEMA_VERSION:
+            raise CatalogError(f"{self.path}: index schema version {version[0] if version else None}, expected "
+                               f"{SCHEMA_VERSION}; rebuild it with 'cubelake catalog reindex'")
+
+    def _create(self) -> None:
+        with self.transaction():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self.db.execute(stmt)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> CatalogIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``): all of it or none of it."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _delete(self, rowid: int) -> None:
+        db = self.db
+        db.execute("DELETE FROM items_rtree WHERE id IN (?, ?)", (rowid * 2, rowid * 2 + 1))
+        db.execute("DELETE FROM bands WHERE item=?", (rowid,))
+        db.execute("DELETE FROM coverage WHERE item=?", (rowid,))
+        db.execute("DELETE FROM geohash WHERE item=?", (rowid,))
+        db.execute("DELETE FROM items WHERE rowid=?", (rowid,))
+
+    def _insert(self, r: _Rows) -> None:
+        db = self.db
+        old = db.execute("SELECT rowid FROM items WHERE id=?", (r.item[0],)).fetchone()
+        if old is not None:
+            self._delete(old[0])
+        cur = db.execute(
+            "INSERT INTO items(id, collection, datetime, t0, t1, west, south, east, north, geometry, band_count, "
+            "href, properties) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", r.item)
+        rowid = int(cur.lastrowid or 0)
+        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?)",
+                       [(rowid * 2 + k, *b) for k, b in enumerate(r.boxes)])
+        db.executemany("INSERT INTO bands VALUES (?,?,?,?,?)", [(rowid, *b) for b in r.bands])
+        db.executemany("INSERT OR IGNORE INTO coverage VALUES (?,?,?)", [(rowid, lo, hi) for lo, hi in r.coverage])
+        db.executemany("INSERT OR IGNORE INTO geohash VALUES (?,?)", [(c, rowid) for c in r.cells])
+
+    def upsert(self, item: dict[str, Any], href: str | None = None) -> None:
+        """Insert or replace one item, in its own transaction."""
+        r = _rows(item, href)
+        with self.transaction():
+            self._insert(r)
+            self._add_queryables(r.queryables)
+
+    def _add_queryables(self, q: dict[str, str]) -> None:
+        self.db.executemany("INSERT OR IGNORE INTO queryables VALUES (?, ?)", list(q.items()))
+
+    def insert_items(self, items: Iterable[dict[str, Any]], batch_size: int = 10_000,
+                     href: Callable[[dict[str, Any]], str | None] | None = None) -> int:
+        """Bulk insert (or replace) item dicts, ``batch_size`` per transaction; returns how many.
+
+        ``href(item)`` gives each item's JSON path relative to the lake (``None``: no file).
+        """
+        n = 0
+        batch: list[_Rows] = []
+        seen: dict[str, str] = {}
+
+        def flush() -> None:
+            with self.transaction():
+                for r in batch:
+                    self._insert(r)
+                self._add_queryables(seen)
+            batch.clear()
+
+        for item in items:
+            r = _rows(item, href(item) if href is not None else None)
+            seen.update(r.queryables)
+            batch.append(r)
+            n += 1
+            if len(batch) >= batch_size:
+                flush()
+        if batch:
+            flush()
+        return n
+
+    def delete(self, item_id: str) -> bool:
+        with self.transaction():
+            row = self.db.execute("SELECT rowid FROM items WHERE id=?", (item_id,)).fetchone()
+            if row is None:
+                return False
+            self._delete(row[0])
+        return True
+
+    def clear(self) -> None:
+        with self.transaction():
+            for t in ("items_rtree", "bands", "coverage", "geohash", "items", "queryables"):
+                self.db.execute(f"DELETE FROM {t}")
+
+    def analyze(self) -> None:
+        self.db.execute("ANALYZE")
+
+    # -- reading -------------------------------------------------------------
+    def queryables(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT key, type FROM queryables ORDER BY key").fetchall())
+
+    def ids(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT id FROM items ORDER BY id")]
+
+    def hrefs(self) -> dict[str, str | None]:
+        return dict(self.db.execute("SELECT id, href FROM items ORDER BY id").fetchall())
+
+    def __len__(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM items").fetchone()[0])
+
+    def get(self, item_id: str) -> SearchHit | None:
+        rows = list(self._select("i.id = ?", [item_id], "", None))
+        return rows[0] if rows else None
+
+    def _property_sql(self, key: str, known: dict[str, str], what: str) -> str:
+        if key in PROMOTED:
+            return f"i.{PROMOTED[key]}"
+        if key not in known:
+            raise CatalogQueryError(
+                f"unknown property {key!r} in {what}; the catalog's queryable properties are: "
+                f"{', '.join(sorted(known)) or '(none yet)'}"
+            )
+        return f"json_extract(i.properties, '$.\"{key.replace(chr(39), '')}\"')"
+
+    def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
+        """Every item matching ``query``, sorted and limited as it asks."""
+        q = parse_query(query) if isinstance(query, Query) else query
+        conds: list[str] = []
+        params: list[Any] = []
+        if q.boxes:
+            rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ?)" for _ in q.boxes)
+            conds.append(f"i.rowid IN (SELECT id >> 1 FROM items_rtree WHERE {rt})")
+            for w, s, e, n in q.boxes:
+                params += [e, w, n, s]
+        if q.has_time:
+            conds.append("+i.t0 IS NOT NULL")
+            if q.t_end is not None:
+                conds.append("+i.t0 <= ?")
+                params.append(q.t_end)
+            if q.t_start is not None:
+                conds.append("+i.t1 >= ?")
+                params.append(q.t_start)
+        if q.collections:
+            conds.append(f"i.collection IN ({','.join('?' * len(q.collections))})")
+            params += list(q.collections)
+        if q.ids:
+            conds.append(f"i.id IN ({','.join('?' * len(q.ids))})")
+            params += list(q.ids)
+        if q.wavelength_nm is not None:
+            conds.append("EXISTS (SELECT 1 FROM coverage c WHERE c.item = i.rowid AND c.lo_nm <= ? AND c.hi_nm >= ?)")
+            params += [q.wavelength_nm[0], q.wavelength_nm[1]]
+        if q.min_bands is not None:
+            conds.append("i.band_count >= ?")
+            params.append(q.min_bands)
+        if q.geohash is not None:
+            p = q.geohash
+            prefixes = [p[:k] for k in range(1, len(p))]
+            sub = "SELECT item FROM geohash WHERE cell >= ? AND cell < ?"
+            params += [p, p + "~"]
+            if prefixes:
+                sub += f" UNION SELECT item FROM geohash WHERE cell IN ({','.join('?' * len(prefixes))})"
+                params += prefixes
+            conds.append(f"i.rowid IN ({sub})")
+        known: dict[str, str] | None = None
+        if q.filters or any(k not in BUILTIN_SORT for k, _ in q.sort):
+            known = self.queryables()
+        for f in q.filters:
+            assert known is not None
+            col = self._property_sql(f.key, known, "a filter")
+            kind = known.get(f.key, "number" if f.key in (EO_CLOUD, CB_QUALITY, "gsd") else "string")
+            value: Any = f.value
+            if kind == "number" and not isinstance(value, float):
+                raise CatalogQueryError(f"filter {f}: {f.key} is a number; got {value!r}")
+            if kind == "string" and f.op in ("<", "<=", ">", ">="):
+                raise CatalogQueryError(f"filter {f}: {f.key} is text; use = or != with it")
+            if kind == "string":
+                value = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+            if kind == "boolean":
+                value = 1 if value in (True, "true", 1.0) else 0
+            op = "IS NOT" if f.op == "!=" else f.op
+            conds.append(f"{col} {op} ?")
+            params.append(value)
+        order = []
+        for key, desc in q.sort or (("datetime", False), ("id", False)):
+            if key == "datetime":
+                col = "i.t0"
+            elif key in ("id", "collection", "band_count"):
+                col = f"i.{key}"
+            else:
+                assert known is not None
+                col = self._property_sql(key, known, "sort")
+            order.append(f"{col} IS NULL, {col} {'DESC' if desc else 'ASC'}")
+        if ("id", False) not in q.sort and ("id", True) not in q.sort:
+            order.append("i.id")
+        where = " AND ".join(conds) or "1"
+        exact = q.geometry is not None
+        limit = q.limit
+        return list(self._select(where, params, " ORDER BY " + ", ".join(order), limit,
+                                 q.geometry if exact else None))
+
+    def _select(self, where: str, params: list[Any], order: str, limit: int | None,
+                geometry: Any = None) -> Iterator[SearchHit]:
+        sql = ("SELECT i.id, i.collection, i.datetime, i.t0, i.t1, i.west, i.south, i.east, i.north, i.band_count, "
+               f"i.href, i.properties, i.geometry FROM items i WHERE {where}{order}")
+        if limit is not None and geometry is None:
+            sql += f" LIMIT {int(limit)}"
+        try:
+            rows = self.db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise CatalogError(f"{self.path}: query failed ({exc})") from exc
+        if geometry is not None and rows:
+            geoms = shapely.from_wkb([r[12] for r in rows])
+            keep = shapely.intersects(geoms, geometry)
+            rows = [r for r, k in zip(rows, keep, strict=True) if k]
+            if limit is not None:
+                rows = rows[:limit]
+        for r in rows:
+            yield SearchHit(
+                id=r[0], collection=r[1], datetime=r[2], start=r[3], end=r[4],
+                bbox=(r[5], r[6], r[7], r[8]) if r[5] is not None else None, band_count=r[9], href=r[10],
+                properties=json.loads(r[11]), geometry=shapely.geometry.mapping(shapely.from_wkb(r[12])) if r[12] else None,
+            )
+
+    # -- summaries -------------------------------------------------------------
+    def collections(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT DISTINCT collection FROM items ORDER BY collection")]
+
+    def collection_summary(self, collection: str) -> CollectionSummary:
+        db = self.db
+        s = CollectionSummary(collection)
+        rows = db.execute("SELECT id, href FROM items WHERE collection=? ORDER BY id", (collection,)).fetchall()
+        s.item_ids = [r[0] for r in rows]
+        s.item_hrefs = [r[1] for r in rows if r[1]]
+        b = db.execute("SELECT min(west), min(south), max(east), max(north) FROM items WHERE collection=? "
+                       "AND west IS NOT NULL AND west <= east", (collection,)).fetchone()
+        crosses = db.execute("SELECT count(*) FROM items WHERE collection=? AND west > east", (collection,)).fetchone()[0]
+        if b[0] is not None:
+            s.bbox = (-180.0, b[1], 180.0, b[3]) if crosses else (b[0], b[1], b[2], b[3])
+        t = db.execute("SELECT min(t0), max(t1) FROM items WHERE collection=?", (collection,)).fetchone()
+        s.start = iso(t[0]) if t[0] is not None else None
+        s.end = iso(t[1]) if t[1] is not None else None
+        for key in ("platform", "constellation", "proj:code"):
+            vals = [r[0] for r in db.execute(
+                f"SELECT DISTINCT json_extract(properties, '$.\"{key}\"') FROM items WHERE collection=?", (collection,))
+                if r[0] is not None]
+            if vals:
+                s.values[key] = vals
+        inst = set()
+        for (v,) in db.execute("SELECT DISTINCT json_extract(properties, '$.instruments') FROM items WHERE collection=?",
+                               (collection,)):
+            if v:
+                inst.update(json.loads(v))
+        if inst:
+            s.values["instruments"] = sorted(inst)
+        for key in ("gsd", EO_CLOUD, CB_QUALITY, CB_BAND_COUNT):
+            lo, hi = db.execute(f"SELECT min(v), max(v) FROM (SELECT json_extract(properties, '$.\"{key}\"') AS v "
+                                "FROM items WHERE collection=?) WHERE v IS NOT NULL", (collection,)).fetchone()
+            if lo is not None:
+                s.ranges[key] = (lo, hi)
+        lo, hi = db.execute("SELECT min(c.lo_nm), max(c.hi_nm) FROM coverage c JOIN items i ON i.rowid = c.item "
+                            "WHERE i.collection=?", (collection,)).fetchone()
+        if lo is not None:
+            s.ranges[CB_COVERAGE] = (round(lo, 4), round(hi, 4))
+        return s
+
+    def stats(self) -> dict[str, Any]:
+        """Counts per collection, time span, bands and spatial extent: ``cubelake catalog stats``."""
+        db = self.db
+        out: dict[str, Any] = {"items": len(self), "collections": {}}
+        for coll, n, t0, t1, bmin, bmax, geo in db.execute(
+            "SELECT collection, count(*), min(t0), max(t1), min(band_count), max(band_count), count(geometry) "
+            "FROM items GROUP BY collection ORDER BY collection"
+        ):
+            out["collections"][coll] = {
+                "items": n, "start": iso(t0) if t0 is not None else None, "end": iso(t1) if t1 is not None else None,
+                "bands": [bmin, bmax], "georeferenced": geo, "unknown_time": 0,
+            }
+        for coll, n in db.execute("SELECT collection, count(*) FROM items WHERE t0 IS NULL GROUP BY collection"):
+            out["collections"][coll]["unknown_time"] = n
+        out["bands"] = db.execute("SELECT count(*) FROM bands").fetchone()[0]
+        out["geohash_cells"] = db.execute("SELECT count(*) FROM geohash").fetchone()[0]
+        out["queryables"] = len(self.queryables())
+        out["index_bytes"] = self.path.stat().st_size if self.path.exists() else 0
+        return out

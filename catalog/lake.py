@@ -1,0 +1,314 @@
+"""The lake's catalog: static STAC JSON next to the products, plus the derived SQLite index.
+
+Layout inside a lake::
+
+    catalog.json                              root STAC Catalog (links every collection)
+    collections/<profile>/collection.json     one Collection per sensor profile, with summaries
+    scenes/<id>/item.json                     the scene's Item, published with its products
+    catalog.sqlite                            the index (derived; ``reindex`` rebuilds it)
+    .pending/<id>                             an ingest between publishing products and item
+
+Publishing order: ingest builds products *and* ``item.json`` in staging and moves them into
+``scenes/<id>`` with one rename, so an item file never exists without its products. Then
+:meth:`LakeCatalog.publish` indexes it in one SQLite transaction and rewrites the collection
+and root JSON (under the catalog lock, so concurrent ingests never lose each other's links).
+A ``.pending`` marker spans both steps; :meth:`LakeCatalog.recover` finishes what a killed
+process left: it indexes an item whose products are all there, or drops one that is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cubelake.errors import CorruptItemError, ItemNotFoundError
+from cubelake.lake import Lake, atomic_write_text
+
+from .index import CatalogIndex, SearchHit
+from .items import ITEM_FILE, collection_dict, item_from_record, root_catalog_dict
+from .query import ParsedQuery, Query
+
+__all__ = ["INDEX_FILE", "LakeCatalog", "ReindexReport", "check_item", "read_item"]
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "catalog.sqlite"
+_LOCK = "_catalog"
+
+
+def read_item(path: Path) -> dict[str, Any]:
+    """An item JSON file, checked to be a STAC item; raises :class:`CorruptItemError` naming the file."""
+    try:
+        item = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptItemError(f"{path}: unreadable item JSON ({exc})") from exc
+    problems = check_item(item)
+    if problems:
+        raise CorruptItemError(f"{path}: not a valid STAC item: {'; '.join(problems)}")
+    return item
+
+
+def check_item(item: Any) -> list[str]:
+    """Structural problems of an item dict (empty when it is usable)."""
+    if not isinstance(item, dict):
+        return [f"expected a JSON object, got {type(item).__name__}"]
+    problems = []
+    if item.get("type") != "Feature":
+        problems.append(f"type is {item.get('type')!r}, not 'Feature'")
+    if not isinstance(item.get("id"), str) or not item.get("id"):
+        problems.append("no string id")
+    props = item.get("properties")
+    if not isinstance(props, dict):
+        problems.append("no properties object")
+    elif props.get("datetime") is None and not (props.get("start_datetime") and props.get("end_datetime")):
+        problems.append("neither datetime nor start_datetime/end_datetime")
+    if not isinstance(item.get("assets"), dict):
+        problems.append("no assets object")
+    if item.get("geometry") is not None and not item.get("bbox"):
+        problems.append("a geometry without a bbox")
+    return problems
+
+
+def _missing_assets(scene_dir: Path, item: dict[str, Any]) -> list[str]:
+    """Relative asset hrefs of ``item`` whose files are not in ``scene_dir``."""
+    out = []
+    for key, a in item.get("assets", {}).items():
+        href = a.get("href", "")
+        if href.startswith("./") and not (scene_dir / href[2:]).exists():
+            out.append(f"{key} ({href})")
+    return out
+
+
+@dataclass(slots=True)
+class ReindexReport:
+    """What ``reindex`` found: items indexed, corrupt item files skipped, items built from scene records."""
+
+    indexed: int = 0
+    corrupt: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+    built: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"indexed": self.indexed, "corrupt": [{"path": p, "error": e} for p, e in self.corrupt],
+                "built_from_scene_records": self.built}
+
+
+class LakeCatalog:
+    """The catalog of one lake: publish items, search, show, reindex, export."""
+
+    def __init__(self, lake: Lake | str | Path, *, create: bool = False) -> None:
+        self.lake = lake if isinstance(lake, Lake) else Lake(lake, create=create)
+        self.root = self.lake.root
+        (self.root / ".pending").mkdir(exist_ok=True)
+        self.index_path = self.root / INDEX_FILE
+        self._index: CatalogIndex | None = None
+
+    @property
+    def index(self) -> CatalogIndex:
+        if self._index is None:
+            self._index = CatalogIndex(self.index_path)
+        return self._index
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+
+    def __enter__(self) -> LakeCatalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- paths ---------------------------------------------------------------
+    def item_path(self, scene_id: str) -> Path:
+        return self.lake.scene_dir(scene_id) / ITEM_FILE
+
+    def item_href(self, scene_id: str) -> str:
+        return f"scenes/{scene_id}/{ITEM_FILE}"
+
+    def collection_path(self, collection: str) -> Path:
+        return self.root / "collections" / collection / "collection.json"
+
+    # -- pending markers -----------------------------------------------------
+    @contextlib.contextmanager
+    def pending(self, scene_id: str) -> Iterator[None]:
+        """Mark a scene as between products and item; the marker stays if the process dies inside."""
+        marker = self.root / ".pending" / scene_id
+        atomic_write_text(marker, f"{os.getpid()}\n")
+        yield
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+
+    # -- publishing ----------------------------------------------------------
+    def publish(self, scene_id: str) -> dict[str, Any]:
+        """Index the published ``scenes/<id>/item.json`` and link it from its collection."""
+        item = read_item(self.item_path(scene_id))
+        with self.lake.lock(_LOCK):
+            old = self.index.get(scene_id)
+            self.index.upsert(item, self.item_href(scene_id))
+            touched = {item["collection"]} | ({old.collection} if old and old.collection != item["collection"] else set())
+            self._write_collections(touched)
+        log.info("%s: catalog item %s published in %s", self.root, scene_id, item["collection"])
+        return item
+
+    def unpublish(self, scene_id: str) -> bool:
+        with self.lake.lock(_LOCK):
+            old = self.index.get(scene_id)
+            if old is None:
+                return False
+            self.index.delete(scene_id)
+            self._write_collections({old.collection})
+        return True
+
+    def _write_collections(self, collections: set[str]) -> None:
+        """Rewrite these collections' JSON from the index, then the root catalog (caller holds the lock)."""
+        for coll in sorted(collections):
+            path = self.collection_path(coll)
+            summary = self.index.collection_summary(coll)
+            if not summary.item_ids:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            stac, description = self._profile_stac(coll, summary.item_ids[0])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(collection_dict(summary, description, stac), indent=1) + "\n")
+        atomic_write_text(self.root / "catalog.json", json.dumps(root_catalog_dict(self.index.collections()), indent=1) + "\n")
+
+    def _profile_stac(self, collection: str, any_item: str) -> tuple[dict[str, Any], str]:
+        record = self.lake.scene_record(any_item) or {}
+        profile = record.get("profile", {})
+        return dict(profile.get("settings", {}).get("stac", {}) or {}), str(profile.get("description", ""))
+
+    # -- recovery and reindex --------------------------------------------------
+    def recover(self) -> list[str]:
+        """Finish or undo what killed ingests left between products and item; one line per action."""
+        done: list[str] = []
+        for marker in sorted((self.root / ".pending").iterdir()):
+            scene_id = marker.name
+            try:
+                pid = int(marker.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _alive(pid):
+                continue
+            with self.lake.lock(scene_id, blocking=False) as held:
+                if not held:
+                    continue
+                path = self.item_path(scene_id)
+                try:
+                    item = read_item(path) if path.exists() else None
+                except CorruptItemError as exc:
+                    log.warning("%s", exc)
+                    item = None
+                missing = _missing_assets(path.parent, item) if item else []
+                if item is not None and not missing:
+                    self.publish(scene_id)
+                    done.append(f"completed catalog item {scene_id} left unpublished by a killed ingest")
+                else:
+                    if self.unpublish(scene_id):
+                        done.append(f"removed catalog item {scene_id}: its products are incomplete ({', '.join(missing)})")
+                marker.unlink(missing_ok=True)
+        for line in done:
+            log.info("%s: %s", self.root, line)
+        return done
+
+    def reindex(self, progress: Callable[[int, int], None] | None = None) -> ReindexReport:
+        """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
+
+        A scene with a record but no item (a lake from before the catalog) gets its item built
+        from ``scene.json``. The new index is built aside and swapped in with one rename.
+        """
+        report = ReindexReport()
+        tmp = self.root / f".{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+        ids = self.lake.scene_ids()
+        with self.lake.lock(_LOCK):
+            fresh = CatalogIndex(tmp)
+            try:
+                def items() -> Iterator[dict[str, Any]]:
+                    for n, sid in enumerate(ids, 1):
+                        if progress:
+                            progress(n, len(ids))
+                        path = self.item_path(sid)
+                        if not path.exists():
+                            record = self.lake.scene_record(sid)
+                            if record is None:
+                                continue
+                            atomic_write_text(path, json.dumps(item_from_record(record), indent=1) + "\n")
+                            report.built.append(sid)
+                        try:
+                            item = read_item(path)
+                        except CorruptItemError as exc:
+                            log.warning("%s", exc)
+                            report.corrupt.append((str(path), str(exc).removeprefix(f"{path}: ")))
+                            continue
+                        if item["id"] != sid:
+                            report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
+                            continue
+                        yield item
+
+                report.indexed = fresh.insert_items(items(), batch_size=1000,
+                                                    href=lambda item: self.item_href(item["id"]))
+                fresh.analyze()
+            finally:
+                fresh.close()
+            self.close()
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(str(self.index_path) + suffix).unlink()
+            os.replace(tmp, self.index_path)
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(str(tmp) + suffix).unlink()
+            old_dirs = {p.name for p in (self.root / "collections").glob("*") if p.is_dir()}
+            self._write_collections(old_dirs | set(self.index.collections()))
+            for d in old_dirs - set(self.index.collections()):
+                shutil.rmtree(self.root / "collections" / d, ignore_errors=True)
+        return report
+
+    # -- reading ---------------------------------------------------------------
+    def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
+        return self.index.search(query)
+
+    def get(self, item_id: str) -> dict[str, Any]:
+        """The full item JSON of ``item_id``; raises :class:`ItemNotFoundError`."""
+        hit = self.index.get(item_id)
+        if hit is None or not hit.href:
+            raise ItemNotFoundError(f"no item {item_id!r} in the catalog of {self.root}; list them with "
+                                    "'cubelake catalog search'")
+        return read_item(self.root / hit.href)
+
+    def items(self, hits: list[SearchHit]) -> list[dict[str, Any]]:
+        return [read_item(self.root / h.href) for h in hits if h.href]
+
+    def stats(self) -> dict[str, Any]:
+        return self.index.stats()
+
+    def export_geoparquet(self, path: str | Path) -> int:
+        """Every item as one stac-geoparquet file (with the collections in its metadata); returns how many."""
+        from .export import export_geoparquet
+
+        hrefs = self.index.hrefs()
+        collections = {}
+        for c in self.index.collections():
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                collections[c] = json.loads(self.collection_path(c).read_text())
+        items = (read_item(self.root / h) for h in hrefs.values() if h)
+        return export_geoparquet(items, path, collections=collections or None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,282 @@
+"""Catalog queries: the typed request and its parsing, with clear errors. Pure (no database).
+
+``Query`` takes what a user types (``bbox=(w, s, e, n)``, ``datetime="2022-06/2022-08"``,
+``wavelength_nm=(400, 2400)``, ``filters=("eo:cloud_cover<10",)``, ``sort=("-datetime",)``) and
+:func:`parse_query` turns it into a :class:`ParsedQuery` of canonical values (UTC epoch
+seconds, a shapely geometry, typed filters), raising :class:`QueryError` naming the bad part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import shapely
+from shapely.geometry import box, shape
+from shapely.geometry.base import BaseGeometry
+
+from cubelake.errors import CatalogQueryError
+
+from . import geohash
+from .coverage import parse_wavelength_range
+
+__all__ = ["Op", "ParsedQuery", "PropertyFilter", "Query", "parse_bbox", "parse_datetime_interval",
+           "parse_filter", "parse_query", "parse_sort"]
+
+Op = Literal["<", "<=", ">", ">=", "=", "!="]
+_FILTER = re.compile(r"^\s*([A-Za-z_][\w:.\-]*)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*$")
+BUILTIN_SORT = {"datetime", "id", "collection", "band_count"}
+
+
+@dataclass(frozen=True, slots=True)
+class PropertyFilter:
+    key: str
+    op: Op
+    value: float | str | bool
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{self.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A catalog search; every part is optional and all given parts must hold."""
+
+    bbox: Sequence[float] | str | None = None  # west, south, east, north (degrees); west > east crosses 180°
+    intersects: dict[str, Any] | str | None = None  # GeoJSON geometry (or its JSON text), WGS84
+    datetime: str | tuple[str | None, str | None] | None = None  # "a/b", "../b", "a/..", "2022-07"
+    collections: Sequence[str] = ()
+    ids: Sequence[str] = ()
+    wavelength_nm: tuple[float, float] | str | None = None  # every part covered by the kept bands
+    min_bands: int | None = None
+    geohash: str | None = None  # footprint meets a cell with this prefix
+    filters: Sequence[PropertyFilter | str] = ()  # "eo:cloud_cover<10", "cubelake:quality>=0.8"
+    sort: Sequence[str] = ()  # "datetime", "-eo:cloud_cover", "id"
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedQuery:
+    boxes: tuple[tuple[float, float, float, float], ...] = ()  # split at the antimeridian
+    geometry: BaseGeometry | None = None  # exact test for bbox/intersects
+    t_start: float | None = None
+    t_end: float | None = None
+    has_time: bool = False
+    collections: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    wavelength_nm: tuple[float, float] | None = None
+    min_bands: int | None = None
+    geohash: str | None = None
+    filters: tuple[PropertyFilter, ...] = ()
+    sort: tuple[tuple[str, bool], ...] = ()  # (key, descending)
+    limit: int | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_bbox(value: Sequence[float] | str) -> tuple[float, float, float, float]:
+    """``west,south,east,north`` in degrees (a 6-number 3D bbox drops its heights)."""
+    raw = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        nums = [float(v) for v in raw]
+    except (TypeError, ValueError):
+        raise CatalogQueryError(f"bbox {value!r}: expected 4 numbers west,south,east,north (degrees)") from None
+    if len(nums) == 6:
+        nums = [nums[0], nums[1], nums[3], nums[4]]
+    if len(nums) != 4 or not all(math.isfinite(v) for v in nums):
+        raise CatalogQueryError(f"bbox {value!r}: expected 4 finite numbers west,south,east,north (degrees)")
+    w, s, e, n = nums
+    if not (-180 <= w <= 180 and -180 <= e <= 180):
+        raise CatalogQueryError(f"bbox {value!r}: longitudes must be within -180..180 (got west {w}, east {e}); "
+                                "the order is west,south,east,north")
+    if not (-90 <= s <= 90 and -90 <= n <= 90):
+        raise CatalogQueryError(f"bbox {value!r}: latitudes must be within -90..90 (got south {s}, north {n}); "
+                                "the order is west,south,east,north")
+    if s > n:
+        raise CatalogQueryError(f"bbox {value!r}: south {s} is north of north {n}; the order is west,south,east,north")
+    return w, s, e, n
+
+
+def _boxes(w: float, s: float, e: float, n: float) -> tuple[tuple[float, float, float, float], ...]:
+    if w > e:  # crosses the antimeridian, as STAC allows
+        return ((w, s, 180.0, n), (-180.0, s, e, n))
+    return ((w, s, e, n),)
+
+
+_PARTIAL = (
+    (re.compile(r"^\d{4}$"), "year"),
+    (re.compile(r"^\d{4}-\d{2}$"), "month"),
+    (re.compile(r"^\d{4}-\d{2}-\d{2}$"), "day"),
+)
+
+
+def _instant(text: str, end: bool) -> float:
+    """Epoch seconds; a year/month/day alone means its first (start) or last (end) instant."""
+    t = text.strip()
+    for rx, unit in _PARTIAL:
+        if rx.match(t):
+            parts = [int(p) for p in t.split("-")]
+            y, m, d = parts[0], parts[1] if len(parts) > 1 else 1, parts[2] if len(parts) > 2 else 1
+            try:
+                first = datetime(y, m, d, tzinfo=UTC)
+            except ValueError as exc:
+                raise CatalogQueryError(f"datetime {text!r}: {exc}") from None
+            if not end:
+                return first.timestamp()
+            if unit == "year":
+                nxt = datetime(y + 1, 1, 1, tzinfo=UTC)
+            elif unit == "month":
+                nxt = datetime(y + (m == 12), m % 12 + 1, 1, tzinfo=UTC)
+            else:
+                nxt = datetime.fromtimestamp(first.timestamp() + 86400, UTC)
+            return nxt.timestamp() - 1e-6
+    iso = t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t
+    try:
+        value = datetime.fromisoformat(iso)
+    except ValueError:
+        raise CatalogQueryError(
+            f"datetime {text!r} is not ISO 8601: use e.g. 2022-07-24T10:45:26Z, 2022-07-24, 2022-07 or 2022, "
+            "and START/END with '..' for an open end"
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def parse_datetime_interval(value: str | tuple[str | None, str | None]) -> tuple[float | None, float | None]:
+    """``(start, end)`` epoch seconds, ``None`` for an open end; a single value is its own interval."""
+    if isinstance(value, tuple):
+        a, b = value
+    elif "/" in value:
+        a, _, b = value.partition("/")
+    else:
+        a = b = value
+    a = None if a is None or a.strip() in ("", "..") else a
+    b = None if b is None or b.strip() in ("", "..") else b
+    if a is None and b is None:
+        raise CatalogQueryError(f"datetime {value!r}: both ends are open; give at least one, e.g. 2022-06-01/..")
+    start = _instant(a, end=False) if a is not None else None
+    end = _instant(b, end=True) if b is not None else None
+    if start is not None and end is not None and start > end:
+        raise CatalogQueryError(f"datetime {value!r}: the start is after the end")
+    return start, end
+
+
+def _scalar(text: str) -> float | str | bool:
+    t = text.strip()
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    try:
+        return float(t)
+    except ValueError:
+        return t
+
+
+def parse_filter(value: PropertyFilter | str) -> PropertyFilter:
+    """``"eo:cloud_cover<10"`` -> ``PropertyFilter("eo:cloud_cover", "<", 10.0)``."""
+    if isinstance(value, PropertyFilter):
+        return value
+    m = _FILTER.match(value)
+    if m is None:
+        raise CatalogQueryError(
+            f"filter {value!r}: expected PROPERTY OP VALUE with OP one of < <= > >= = !=, e.g. eo:cloud_cover<10"
+        )
+    key, op, raw = m.groups()
+    op = "=" if op == "==" else op
+    v = _scalar(raw)
+    if op in ("<", "<=", ">", ">=") and not isinstance(v, float):
+        raise CatalogQueryError(f"filter {value!r}: {op} needs a number, got {raw!r}")
+    return PropertyFilter(key, op, v)  # type: ignore[arg-type]
+
+
+def parse_sort(keys: Sequence[str]) -> tuple[tuple[str, bool], ...]:
+    out = []
+    for k in keys:
+        k = k.strip()
+        desc = k.startswith("-")
+        name = k.lstrip("+-")
+        if not name:
+            raise CatalogQueryError(f"sort key {k!r} is empty; use e.g. datetime, -datetime, -eo:cloud_cover")
+        out.append((name, desc))
+    return tuple(out)
+
+
+def _geometry(value: dict[str, Any] | str) -> BaseGeometry:
+    try:
+        doc = json.loads(value) if isinstance(value, str) else value
+        if doc.get("type") == "Feature":
+            doc = doc["geometry"]
+        geom = shape(doc)
+    except (ValueError, TypeError, KeyError, AttributeError, shapely.errors.GEOSException) as exc:
+        raise CatalogQueryError(f"intersects: not a GeoJSON geometry ({exc})") from None
+    if geom.is_empty:
+        raise CatalogQueryError("intersects: the geometry is empty")
+    if not geom.is_valid:
+        geom = shapely.make_valid(geom)
+    w, s, e, n = geom.bounds
+    if w < -180 or e > 180 or s < -90 or n > 90:
+        raise CatalogQueryError(f"intersects: coordinates must be WGS84 lon/lat degrees; bounds are {geom.bounds}")
+    return geom
+
+
+def parse_query(q: Query) -> ParsedQuery:
+    """Check and canonicalise every part of ``q``; raises :class:`CatalogQueryError` on the first bad one."""
+    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    geom: BaseGeometry | None = None
+    if q.bbox is not None:
+        w, s, e, n = parse_bbox(q.bbox)
+        boxes = _boxes(w, s, e, n)
+        geom = shapely.union_all([box(*b) for b in boxes])
+    if q.intersects is not None:
+        g = _geometry(q.intersects)
+        geom = g if geom is None else shapely.intersection(geom, g)
+        if geom.is_empty:
+            geom = g  # disjoint bbox and geometry: nothing can match; keep a box so the result is empty
+            boxes = ((0.0, 0.0, -0.0, -0.0),)
+        else:
+            boxes = boxes or _boxes(*g.bounds)
+    t0 = t1 = None
+    if q.datetime is not None:
+        t0, t1 = parse_datetime_interval(q.datetime)
+    wl = None
+    if q.wavelength_nm is not None:
+        try:
+            if isinstance(q.wavelength_nm, str):
+                wl = parse_wavelength_range(q.wavelength_nm)
+            else:
+                lo, hi = (float(v) for v in q.wavelength_nm)
+                wl = parse_wavelength_range(f"{lo}:{hi}")
+        except (ValueError, TypeError) as exc:
+            raise CatalogQueryError(str(exc)) from None
+    if q.min_bands is not None and int(q.min_bands) < 1:
+        raise CatalogQueryError(f"min_bands must be >= 1, got {q.min_bands}")
+    gh = None
+    if q.geohash is not None:
+        try:
+            gh = geohash.parse_prefix(q.geohash)
+        except ValueError as exc:
+            raise CatalogQueryError(str(exc)) from None
+    if q.limit is not None and int(q.limit) < 0:
+        raise CatalogQueryError(f"limit must be >= 0, got {q.limit}")
+    return ParsedQuery(
+        boxes=boxes, geometry=geom, t_start=t0, t_end=t1, has_time=q.datetime is not None,
+        collections=tuple(q.collections), ids=tuple(q.ids), wavelength_nm=wl,
+        min_bands=int(q.min_bands) if q.min_bands is not None else None, geohash=gh,
+        filters=tuple(parse_filter(f) for f in q.filters), sort=parse_sort(q.sort),
+        limit=int(q.limit) if q.limit is not None else None,
+    )
+
+
+def epoch(text: str) -> float:
+    """Epoch seconds of an ISO time (naive = UTC)."""
+    return _instant(text, end=False)
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
