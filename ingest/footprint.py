@@ -115,7 +115,7 @@ def footprint_from_mask(vm: ValidMask, transform: tuple[float, ...] | None, crs_
     """The WGS84 footprint of a georeferenced scene; ``None`` without CRS/transform or valid pixels."""
     if transform is None or not crs_wkt or not vm.mask.any():
         return None
-    t = Affine(*transform[:6]) * Affine.scale(vm.factor)
+    t = Affine(*transform[:6]) @ Affine.scale(vm.factor)
     cell = math.hypot(t.a, t.d)
     native = _outline(vm.mask, t)
     # clip to the raster: the last coarse row/column may reach past the edge
@@ -134,7 +134,7 @@ def footprint_from_mask(vm: ValidMask, transform: tuple[float, ...] | None, crs_
 
 
 def _bounds(t: Affine, height: int, width: int) -> tuple[float, float, float, float]:
-    xs, ys = zip(*(t * (c, r) for r, c in ((0, 0), (0, width), (height, 0), (height, width))), strict=True)
+    xs, ys = zip(*(t @ (c, r) for r, c in ((0, 0), (0, width), (height, 0), (height, width))), strict=True)
     return min(xs), min(ys), max(xs), max(ys)
 
 

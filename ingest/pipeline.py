@@ -632,6 +632,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1) + "\n")
         emit("publish")
         with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
+            fault_point("before-products")
             target = lake.publish(staged, scene_id)
             fault_point("after-products")
             catalog.publish(scene_id)
