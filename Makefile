@@ -27,6 +27,9 @@ demo: $(VENV)/.installed
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi; \
 	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
 	@$(BIN)/cubelake lake --lake $(LAKE)
+	@echo "== the catalog: every collection, then scenes over Potsdam in summer 2022 covering 450-1300 nm"
+	@$(BIN)/cubelake catalog stats --lake $(LAKE)
+	@$(BIN)/cubelake catalog search --lake $(LAKE) --bbox 12.9,52.3,13.2,52.5 --datetime 2022-06/2022-08 --wavelength 450:1300
 	@echo "== a scene's kerchunk references, checked (targets allowed, unchanged) and opened through zarr"
 	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1)
 

@@ -230,13 +230,24 @@ class CalibrationPlan:
 
     def valid_pixels(self, raw: np.ndarray) -> np.ndarray | None:
         """``(y, x)`` True where any kept band of ``raw (source band, y, x)`` is valid; ``None`` = all are."""
+        is_float = raw.dtype.kind == "f"
+        nd = self.nodata
+        use_nd = nd is not None and not math.isnan(nd) and (is_float or _fits(nd, raw.dtype))
+        if not is_float and not use_nd:
+            return None
         keep = self.selection.keep
         valid: np.ndarray | None = None
         for g0 in range(0, len(keep), _GROUP):
-            invalid = self.invalid_mask(raw[list(keep[g0 : g0 + _GROUP])])
-            if invalid is None:
-                return None
-            v = np.logical_not(invalid.all(axis=0))
+            idx = keep[g0 : g0 + _GROUP]
+            contiguous = idx[-1] - idx[0] == len(idx) - 1
+            block = raw[idx[0] : idx[-1] + 1] if contiguous else raw[list(idx)]  # a view when it can be
+            if is_float:
+                ok = np.isfinite(block)
+                if use_nd:
+                    ok &= block != raw.dtype.type(nd)
+            else:
+                ok = block != raw.dtype.type(nd)
+            v = np.logical_or.reduce(ok, axis=0)
             valid = v if valid is None else (valid | v)
             if valid.all():  # the usual case inside a scene: one group decides
                 return None
