@@ -17,7 +17,7 @@ from pyproj import CRS
 from shapely.geometry import shape
 
 from . import geohash
-from .coverage import band_intervals, merge_intervals
+from .coverage import merged_coverage
 from .schema import (
     ASSET_MEDIA_TYPES,
     ASSET_ROLES,
@@ -246,8 +246,8 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
 
     bands = _bands(record)
     props[BANDS] = bands
-    merged = merge_intervals(band_intervals([b.get("wavelength_nm") for b in record["bands"]],
-                                            [b.get("fwhm_nm") for b in record["bands"]]))
+    merged = merged_coverage([b.get("wavelength_nm") for b in record["bands"]],
+                             [b.get("fwhm_nm") for b in record["bands"]])
     props[CB_COVERAGE] = [[round(lo, 4), round(hi, 4)] for lo, hi in merged]
     props[CB_BAND_COUNT] = len(bands)
     hw = grid["height"] * grid["width"]

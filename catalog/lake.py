@@ -112,8 +112,15 @@ class LakeCatalog:
 
     @property
     def index(self) -> CatalogIndex:
+        """The index; built from the item files first if it is missing (a copied lake, an older lake)."""
         if self._index is None:
-            self._index = CatalogIndex(self.index_path)
+            if not self.index_path.exists() and self.lake.scene_ids():
+                log.info("%s: no catalog index; building it from the item files", self.root)
+                report = self.reindex()
+                for path, why in report.corrupt:
+                    log.warning("%s: skipped: %s", path, why)
+            if self._index is None:
+                self._index = CatalogIndex(self.index_path)
         return self._index
 
     def close(self) -> None:
@@ -151,6 +158,7 @@ class LakeCatalog:
     def publish(self, scene_id: str) -> dict[str, Any]:
         """Index the published ``scenes/<id>/item.json`` and link it from its collection."""
         item = read_item(self.item_path(scene_id))
+        _ = self.index  # open (or build) it before taking the lock that building takes
         with self.lake.lock(_LOCK):
             old = self.index.get(scene_id)
             self.index.upsert(item, self.item_href(scene_id))
@@ -160,6 +168,7 @@ class LakeCatalog:
         return item
 
     def unpublish(self, scene_id: str) -> bool:
+        _ = self.index
         with self.lake.lock(_LOCK):
             old = self.index.get(scene_id)
             if old is None:
