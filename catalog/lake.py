@@ -200,6 +200,7 @@ class LakeCatalog:
     def recover(self) -> list[str]:
         """Finish or undo what killed ingests left between products and item; one line per action."""
         done: list[str] = []
+        _ = self.index  # exists from the first ingest on (built from the item files if it went missing)
         for marker in sorted((self.root / ".pending").iterdir()):
             scene_id = marker.name
             try:
