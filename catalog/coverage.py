@@ -98,7 +98,7 @@ def parse_wavelength_range(text: str) -> tuple[float, float]:
         values = []
     if len(values) == 1:
         values = values * 2
-    if len(values) != 2 or not all(v > 0 for v in values) or values[0] > values[1]:
+    if len(values) != 2 or not all(0 < v < 1e6 for v in values) or values[0] > values[1]:
         raise ValueError(
             f"wavelength range {text!r} is not valid: write LO:HI in nm with LO <= HI, e.g. 400:2400 "
             "(or 0.4:2.4um)"

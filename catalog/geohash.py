@@ -24,7 +24,7 @@ __all__ = ["BASE32", "cell_bounds", "cover", "encode", "expand", "parse_prefix"]
 
 BASE32 = "0123456789bcdefghjkmnpqrstuvwxyz"
 _INDEX = {c: i for i, c in enumerate(BASE32)}
-MAX_CELLS = 4096
+MAX_CELLS = 16384
 """A cover is coarsened (a level at a time) until it holds at most this many cells."""
 
 

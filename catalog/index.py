@@ -414,7 +414,7 @@ class CatalogIndex:
                 value = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
             if kind == "boolean":
                 value = 1 if value in (True, "true", 1.0) else 0
-            op = "IS NOT" if f.op == "!=" else f.op
+            op = f.op  # SQL semantics, as CQL2: an item without the property matches no comparison
             conds.append(f"{col} {op} ?")
             params.append(value)
         order = []

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cubelake.errors import CorruptItemError, ItemNotFoundError
-from cubelake.lake import Lake, atomic_write_text
+from cubelake.lake import Lake, atomic_write_text, pid_alive
 
 from .index import CatalogIndex, SearchHit
 from .items import ITEM_FILE, collection_dict, item_from_record, root_catalog_dict
@@ -207,7 +207,7 @@ class LakeCatalog:
                 pid = int(marker.read_text().strip() or 0)
             except (OSError, ValueError):
                 pid = 0
-            if pid and pid != os.getpid() and _alive(pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
                 continue
             with self.lake.lock(scene_id, blocking=False) as held:
                 if not held:
@@ -312,13 +312,3 @@ class LakeCatalog:
                 collections[c] = json.loads(self.collection_path(c).read_text())
         items = (read_item(self.root / h) for h in hrefs.values() if h)
         return export_geoparquet(items, path, collections=collections or None)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -236,11 +236,9 @@ def parse_query(q: Query) -> ParsedQuery:
     if q.intersects is not None:
         g = _geometry(q.intersects)
         geom = g if geom is None else shapely.intersection(geom, g)
-        if geom.is_empty:
-            geom = g  # disjoint bbox and geometry: nothing can match; keep a box so the result is empty
-            boxes = ((0.0, 0.0, -0.0, -0.0),)
-        else:
-            boxes = boxes or _boxes(*g.bounds)
+        # a bbox disjoint from the geometry matches nothing: the empty geometry fails every exact test
+        # (the point box alone would still let through items covering 0°, 0°)
+        boxes = ((0.0, 0.0, -0.0, -0.0),) if geom.is_empty else boxes or _boxes(*g.bounds)
     t0 = t1 = None
     if q.datetime is not None:
         t0, t1 = parse_datetime_interval(q.datetime)

@@ -33,7 +33,7 @@ from typing import Any
 
 from .errors import LakeError
 
-__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "safe_scene_id"]
+__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "pid_alive", "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -222,7 +223,7 @@ class Lake:
         for entry in (self.root / ".staging").iterdir():
             parts = entry.name.rsplit(".", 2)
             pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+            if pid is not None and pid != os.getpid() and pid_alive(pid):
                 continue
             if pid == os.getpid():
                 continue

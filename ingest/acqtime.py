@@ -64,14 +64,19 @@ def _from_filename(name: str, pattern: str) -> AcquisitionTime | None:
     g = {k: v for k, v in m.groupdict().items() if v is not None}
     try:
         if "doy" in g:
-            day = datetime(int(g["year"]), 1, 1, tzinfo=UTC) + timedelta(days=int(g["doy"]) - 1)
+            year, doy = int(g["year"]), int(g["doy"])
+            if not 1 <= doy <= (datetime(year + 1, 1, 1) - datetime(year, 1, 1)).days:
+                raise ValueError(f"day of year {doy} is not in {year}")  # timedelta would roll into another year
+            day = datetime(year, 1, 1, tzinfo=UTC) + timedelta(days=doy - 1)
         else:
             day = datetime(int(g["year"]), int(g["month"]), int(g["day"]), tzinfo=UTC)
         if "hour" not in g:  # a date alone: the acquisition lies somewhere in that day
             return AcquisitionTime(None, format_time(day), format_time(day + timedelta(days=1, seconds=-1)), "filename")
         t = day.replace(hour=int(g["hour"]), minute=int(g.get("minute", 0)), second=int(g.get("second", 0)))
-    except ValueError:
-        return None  # digits that are no date (month 13): the pattern did not really match
+    except (KeyError, ValueError):
+        # digits that are no date (month 13, day of year 400), or optional groups left unmatched:
+        # the pattern did not really match
+        return None
     return AcquisitionTime(format_time(t), None, None, "filename")
 
 
@@ -83,8 +88,8 @@ def acquisition_time(metadata_datetime: str | None, path: str, rule: TimeRule,
             return AcquisitionTime(format_time(parse_time(metadata_datetime)), None, None, "metadata")
         except ValueError:
             pass  # an unparseable tag: fall through to the other sources
-    if rule.filename_pattern:
-        found = _from_filename(Path(path).name, rule.filename_pattern)
+    for pattern in rule.filename_patterns:
+        found = _from_filename(Path(path).name, pattern)
         if found is not None:
             return found
     if rule.datetime:

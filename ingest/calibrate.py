@@ -239,7 +239,7 @@ class CalibrationPlan:
         valid: np.ndarray | None = None
         for g0 in range(0, len(keep), _GROUP):
             idx = keep[g0 : g0 + _GROUP]
-            contiguous = idx[-1] - idx[0] == len(idx) - 1
+            contiguous = idx == tuple(range(idx[0], idx[0] + len(idx)))  # keep need not be sorted
             block = raw[idx[0] : idx[-1] + 1] if contiguous else raw[list(idx)]  # a view when it can be
             if is_float:
                 ok = np.isfinite(block)

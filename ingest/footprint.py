@@ -4,8 +4,10 @@ During the one pixel pass every block marks, on a coarse grid of at most ``max_s
 side, the cells holding at least one pixel with a valid value in any kept band. After the pass
 the coarse mask is outlined (``rasterio.features.shapes``), simplified to at most
 ``MAX_VERTICES`` vertices, densified so long edges follow the reprojection, and reprojected to
-WGS84 (``rasterio.warp.transform_geom``, cut at the antimeridian). Coarsening only ever grows
-the footprint (by under one cell), so a spatial query never misses valid pixels.
+WGS84 (``rasterio.warp.transform_geom``, cut at the antimeridian; a geographic grid past ±180°
+is wrapped and split). Coarsening and simplification only ever grow the footprint (the outline
+is buffered by the simplification tolerance first: together at most a cell and a half, and never
+past the raster's edge), so a spatial query never misses valid pixels.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import shapely
+import shapely.affinity
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.features import shapes
@@ -86,13 +89,28 @@ def _outline(mask: np.ndarray, transform: Affine) -> BaseGeometry:
 
 
 def _simplified(geom: BaseGeometry, cell: float) -> BaseGeometry:
+    """At most ``MAX_VERTICES`` vertices, never losing area: grown by ``tol`` before a ``tol`` simplification."""
     tol = cell / 2
-    out = geom.simplify(tol, preserve_topology=True)
-    while shapely.get_num_coordinates(out) > MAX_VERTICES:
-        tol *= 2
-        # the buffer keeps the simplified outline around every valid cell
+    while True:
+        # Douglas-Peucker moves the outline by at most ``tol``; the buffer first moves it ``tol`` out
         out = geom.buffer(tol, join_style="mitre").simplify(tol, preserve_topology=True)
-    return out
+        if shapely.get_num_coordinates(out) <= MAX_VERTICES:
+            return shapely.union(out, geom) if not out.contains(geom) else out
+        tol *= 2
+
+
+def _wrap_longitudes(geom: BaseGeometry) -> BaseGeometry:
+    """Parts beyond ±180° moved back by 360° (a geographic grid that crosses the antimeridian)."""
+    w, _, e, _ = geom.bounds
+    if w >= -180.0 and e <= 180.0:
+        return geom
+    parts = [shapely.intersection(geom, shapely.box(-180.0, -90.0, 180.0, 90.0))]
+    if e > 180.0:
+        parts.append(shapely.affinity.translate(shapely.intersection(geom, shapely.box(180.0, -90.0, 540.0, 90.0)), -360.0))
+    if w < -180.0:
+        parts.append(shapely.affinity.translate(shapely.intersection(geom, shapely.box(-540.0, -90.0, -180.0, 90.0)), 360.0))
+    polys = [p for part in parts for p in getattr(part, "geoms", [part]) if p.geom_type == "Polygon" and not p.is_empty]
+    return shapely.MultiPolygon(polys) if len(polys) > 1 else polys[0]
 
 
 def geometry_bbox(geom: dict[str, Any]) -> tuple[float, float, float, float]:
@@ -122,13 +140,14 @@ def footprint_from_mask(vm: ValidMask, transform: tuple[float, ...] | None, crs_
     full = Affine(*transform[:6])
     raster = shapely.geometry.box(*_bounds(full, vm.height, vm.width))
     native = shapely.intersection(native, raster)
-    simple = _simplified(native, cell)
+    simple = shapely.intersection(_simplified(native, cell), raster)  # the growth never leaves the raster
     dense = shapely.segmentize(simple, max_segment_length=max(cell * 8, simple.length / 400 if simple.length else cell))
     crs = CRS.from_wkt(crs_wkt)
     if crs.is_geographic and crs.to_epsg() == 4326:
-        geom = mapping(dense)
+        geom = mapping(_wrap_longitudes(dense))
     else:
         geom = transform_geom(crs, "EPSG:4326", mapping(dense), antimeridian_cutting=True, precision=7)
+        geom = mapping(_wrap_longitudes(shape(geom)))
     geom = _plain(geom)
     return Footprint(geom, geometry_bbox(geom), tuple(float(v) for v in native.bounds), float(cell))  # type: ignore[arg-type]
 

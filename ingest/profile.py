@@ -164,10 +164,10 @@ class TimeRule(BaseModel):
     """Where the acquisition time comes from when the file's metadata has none."""
 
     model_config = _Strict
-    filename_pattern: str | None = Field(
+    filename_pattern: str | list[str] | None = Field(
         None,
-        description="regex searched in the file name, with named groups year, and month+day or doy, "
-        "optionally hour, minute, second (UTC); a date without a time means that whole day",
+        description="regex (or list of them, tried in order) searched in the file name, with named groups "
+        "year, and month+day or doy, optionally hour, minute, second (UTC); a date alone means that whole day",
     )
     datetime: str | None = Field(None, description="a fixed acquisition time (ISO 8601, UTC if no offset)")
     start_datetime: str | None = None
@@ -175,17 +175,21 @@ class TimeRule(BaseModel):
 
     @field_validator("filename_pattern")
     @classmethod
-    def _pattern(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        try:
-            rx = re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression ({exc})") from exc
-        groups = set(rx.groupindex)
-        if "year" not in groups or not ({"month", "day"} <= groups or "doy" in groups):
-            raise ValueError(f"needs named groups year and month+day (or doy); has {sorted(groups) or 'none'}")
+    def _pattern(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for p in [v] if isinstance(v, str) else (v or []):
+            try:
+                rx = re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"{p!r} is not a valid regular expression ({exc})") from exc
+            groups = set(rx.groupindex)
+            if "year" not in groups or not ({"month", "day"} <= groups or "doy" in groups):
+                raise ValueError(f"{p!r} needs named groups year and month+day (or doy); has {sorted(groups) or 'none'}")
         return v
+
+    @property
+    def filename_patterns(self) -> list[str]:
+        v = self.filename_pattern
+        return [v] if isinstance(v, str) else list(v or [])
 
     @model_validator(mode="after")
     def _range(self) -> TimeRule:

@@ -108,7 +108,8 @@ def test_four_processes_ingest_into_one_lake(tmp_path: Path) -> None:
         before = [(h.id, h.collection, h.bbox, h.datetime) for h in _all(cat)]
         report = cat.reindex()
         after = [(h.id, h.collection, h.bbox, h.datetime) for h in _all(cat)]
-    assert report.indexed == 13 and not report.corrupt
+    assert report.indexed == 13
+    assert not report.corrupt
     assert before == after
 
 
