@@ -23,13 +23,14 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cubelake.errors import CorruptItemError, ItemNotFoundError
+from cubelake.errors import CatalogError, CorruptItemError, ItemNotFoundError
 from cubelake.lake import Lake, atomic_write_text, pid_alive
 
 from .index import CatalogIndex, SearchHit
@@ -234,7 +235,11 @@ class LakeCatalog:
         """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
 
         A scene with a record but no item (a lake from before the catalog) gets its item built
-        from ``scene.json``. The new index is built aside and swapped in with one rename.
+        from ``scene.json``. The new index is built aside, then copied into the live one with
+        SQLite's backup API, in one transaction: other processes that have the index open see the
+        old or the new content, never a file swapped under them (renaming or deleting a database
+        in use, with its WAL, is how SQLite files get corrupted). Only an index SQLite cannot
+        open at all is replaced by a rename.
         """
         report = ReindexReport()
         tmp = self.root / f".{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
@@ -270,18 +275,37 @@ class LakeCatalog:
             finally:
                 fresh.close()
             self.close()
-            for suffix in ("-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    Path(str(self.index_path) + suffix).unlink()
-            os.replace(tmp, self.index_path)
-            for suffix in ("-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    Path(str(tmp) + suffix).unlink()
+            self._swap_in(tmp)
             old_dirs = {p.name for p in (self.root / "collections").glob("*") if p.is_dir()}
             self._write_collections(old_dirs | set(self.index.collections()))
             for d in old_dirs - set(self.index.collections()):
                 shutil.rmtree(self.root / "collections" / d, ignore_errors=True)
         return report
+
+    def _swap_in(self, built: Path) -> None:
+        """Make ``built`` the index (caller holds the catalog lock), then remove it."""
+        try:
+            live = CatalogIndex(self.index_path) if self.index_path.exists() else None
+        except CatalogError as exc:
+            log.warning("%s; replacing it", exc)
+            live = None
+        try:
+            if live is not None:
+                src = sqlite3.connect(built)
+                try:
+                    src.backup(live.db)
+                finally:
+                    src.close()
+                    live.close()
+            else:
+                for suffix in ("-wal", "-shm"):  # leftovers of an unreadable index
+                    with contextlib.suppress(FileNotFoundError):
+                        Path(str(self.index_path) + suffix).unlink()
+                os.replace(built, self.index_path)
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(str(built) + suffix).unlink()
 
     # -- reading ---------------------------------------------------------------
     def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
