@@ -187,3 +187,23 @@ def test_killed_at_a_random_moment(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
         ids = assert_consistent(lake)
         assert "k0" in ids
+
+
+def test_reindex_under_an_open_reader(tmp_path: Path) -> None:
+    """Another process rebuilding the index leaves a reader's open connection working and current."""
+    src = tmp_path / "src"
+    src.mkdir()
+    lake = tmp_path / "lake"
+    assert _ingest(lake, *(_scene(src, f"r{i}", seed=i) for i in range(3))).returncode == 0
+    with LakeCatalog(lake) as reader:
+        before = [h.id for h in _all(reader)]
+        (lake / "scenes" / "r1" / "item.json").write_text("{ not json")  # reindex must skip it
+        r = subprocess.run([*CLI, "catalog", "reindex", "--lake", str(lake)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 1
+        assert str(lake / "scenes" / "r1" / "item.json") in r.stderr
+        after = [h.id for h in _all(reader)]  # the same open connection
+    assert before == ["r0", "r1", "r2"]
+    assert after == ["r0", "r2"]
+    with sqlite3.connect(lake / "catalog.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
