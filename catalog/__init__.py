@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from .index import CatalogIndex, SearchHit
 from .items import collection_dict, collection_id, item_from_record
+from .lake import LakeCatalog, ReindexReport
 from .query import ParsedQuery, PropertyFilter, Query, parse_query
 
 __all__ = [
     "CatalogIndex",
+    "LakeCatalog",
     "ParsedQuery",
     "PropertyFilter",
     "Query",
+    "ReindexReport",
     "SearchHit",
     "collection_dict",
     "collection_id",

@@ -1,6 +1,6 @@
 """The catalog's SQLite index: derived from the item JSON, rebuilt by ``cubelake catalog reindex``.
 
-Tables (``SCHEMA_VERSION`` 2):
+Tables (``SCHEMA_VERSION`` 3):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
@@ -15,7 +15,8 @@ Tables (``SCHEMA_VERSION`` 2):
   wavelength intervals the bands cover, which answer "covers 400-2400 nm" with one indexed
   lookup.
 - ``geohash``: the footprint's compact geohash-6 cover; ``queryables``: every scalar property
-  seen, with its JSON type, so a filter on an unknown or mistyped property is an error.
+  seen, with each JSON type it has had, so a filter on an unknown or mistyped property is an
+  error (a comparison only ever matches values of its own type).
 
 Writers serialise on SQLite's own lock (``BEGIN IMMEDIATE``, WAL journal, a 60 s busy
 timeout); readers never block. Search drives from the R*Tree when a bbox/geometry is given,
@@ -58,11 +59,11 @@ from .schema import (
     PROMOTED,
 )
 
-__all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit"]
+__all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_rows"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _BULKY = (BANDS, CB_CALIBRATION, CB_GEOHASH)
 
 _PROMOTED_COLUMNS = ", ".join(
@@ -95,8 +96,15 @@ CREATE TABLE IF NOT EXISTS coverage(item INTEGER NOT NULL, lo_nm REAL NOT NULL, 
     PRIMARY KEY(item, lo_nm)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS geohash(cell TEXT NOT NULL, item INTEGER NOT NULL, PRIMARY KEY(cell, item)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS geohash_item ON geohash(item);
-CREATE TABLE IF NOT EXISTS queryables(key TEXT PRIMARY KEY, type TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS queryables(key TEXT NOT NULL, type TEXT NOT NULL, PRIMARY KEY(key, type)) WITHOUT ROWID;
 """
+
+
+def _busy_or(path: Path, exc: sqlite3.Error) -> str:
+    if "locked" in str(exc) or "busy" in str(exc):
+        return (f"{path}: the catalog index stayed locked by another process for 60 s ({exc}); "
+                "a long ingest or reindex holds it: try again when it is done")
+    return f"{path}: the catalog index cannot be used ({exc}); rebuild it with 'cubelake catalog reindex'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +139,15 @@ def _json_type(v: Any) -> str | None:
 
 
 def _interval(props: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The item's time interval (epoch seconds); every time it gives must parse, even one not used."""
+    start, end, dt = props.get("start_datetime"), props.get("end_datetime"), props.get("datetime")
+    times = {k: epoch(v) for k, v in (("start", start), ("end", end), ("datetime", dt)) if v}
     if props.get(CB_DATETIME_SOURCE) == "unknown":
         return None, None
-    start, end = props.get("start_datetime"), props.get("end_datetime")
-    dt = props.get("datetime")
-    if start and end:
-        return epoch(start), epoch(end)
-    if dt:
-        t = epoch(dt)
-        return t, t
+    if "start" in times and "end" in times:
+        return times["start"], times["end"]
+    if "datetime" in times:
+        return times["datetime"], times["datetime"]
     return None, None
 
 
@@ -159,7 +167,7 @@ class _Rows:
     queryables: dict[str, str]
 
 
-def _rows(item: dict[str, Any], href: str | None) -> _Rows:
+def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
     """Everything the index stores for one item dict; raises ``CatalogError`` if it is not an item."""
     try:
         iid = item["id"]
@@ -203,12 +211,16 @@ class CatalogIndex:
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=60, isolation_level=None)
             else:
                 self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=60000")
-            if not readonly:
+            # a reader must not take the write lock: the schema is created only where it is missing
+            if not readonly and self.db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
+                self.db.execute("PRAGMA journal_mode=WAL")
                 self._create()
+            if not readonly:
+                self.db.execute("PRAGMA synchronous=NORMAL")
             version = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:
+            raise CatalogError(_busy_or(self.path, exc)) from exc
         except sqlite3.DatabaseError as exc:
             raise CatalogError(f"{self.path}: not a usable catalog index ({exc}); rebuild it with "
                                "'cubelake catalog reindex'") from exc
@@ -235,14 +247,25 @@ class CatalogIndex:
     # -- writing -------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE``): all of it or none of it."""
-        self.db.execute("BEGIN IMMEDIATE")
+        """One write transaction (``BEGIN IMMEDIATE``): all of it or none of it.
+
+        SQLite's errors leave as :class:`CatalogError` naming the index file.
+        """
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise CatalogError(_busy_or(self.path, exc)) from exc
         try:
             yield self.db
-        except BaseException:
+        except BaseException as exc:
             self.db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise CatalogError(f"{self.path}: writing the catalog index failed ({exc})") from exc
             raise
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise CatalogError(_busy_or(self.path, exc)) from exc
 
     def _delete(self, rowid: int) -> None:
         db = self.db
@@ -269,13 +292,13 @@ class CatalogIndex:
 
     def upsert(self, item: dict[str, Any], href: str | None = None) -> None:
         """Insert or replace one item, in its own transaction."""
-        r = _rows(item, href)
+        r = index_rows(item, href)
         with self.transaction():
             self._insert(r)
-            self._add_queryables(r.queryables)
+            self._add_queryables(set(r.queryables.items()))
 
-    def _add_queryables(self, q: dict[str, str]) -> None:
-        self.db.executemany("INSERT OR IGNORE INTO queryables VALUES (?, ?)", list(q.items()))
+    def _add_queryables(self, pairs: set[tuple[str, str]]) -> None:
+        self.db.executemany("INSERT OR IGNORE INTO queryables VALUES (?, ?)", sorted(pairs))
 
     def insert_items(self, items: Iterable[dict[str, Any]], batch_size: int = 10_000,
                      href: Callable[[dict[str, Any]], str | None] | None = None) -> int:
@@ -285,7 +308,7 @@ class CatalogIndex:
         """
         n = 0
         batch: list[_Rows] = []
-        seen: dict[str, str] = {}
+        seen: set[tuple[str, str]] = set()
 
         def flush() -> None:
             with self.transaction():
@@ -293,10 +316,11 @@ class CatalogIndex:
                     self._insert(r)
                 self._add_queryables(seen)
             batch.clear()
+            seen.clear()
 
         for item in items:
-            r = _rows(item, href(item) if href is not None else None)
-            seen.update(r.queryables)
+            r = index_rows(item, href(item) if href is not None else None)
+            seen.update(r.queryables.items())
             batch.append(r)
             n += 1
             if len(batch) >= batch_size:
@@ -322,8 +346,12 @@ class CatalogIndex:
         self.db.execute("ANALYZE")
 
     # -- reading -------------------------------------------------------------
-    def queryables(self) -> dict[str, str]:
-        return dict(self.db.execute("SELECT key, type FROM queryables ORDER BY key").fetchall())
+    def queryables(self) -> dict[str, set[str]]:
+        """Every scalar property seen, with the JSON types its values have had."""
+        out: dict[str, set[str]] = {}
+        for key, kind in self.db.execute("SELECT key, type FROM queryables ORDER BY key"):
+            out.setdefault(key, set()).add(kind)
+        return out
 
     def ids(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT id FROM items ORDER BY id")]
@@ -349,15 +377,16 @@ class CatalogIndex:
         rows = list(self._select("i.id = ?", [item_id], "", None))
         return rows[0] if rows else None
 
-    def _property_sql(self, key: str, known: dict[str, str], what: str) -> str:
-        if key in PROMOTED:
-            return f"i.{PROMOTED[key]}"
-        if key not in known:
+    def _property_sql(self, key: str, known: dict[str, set[str]], what: str) -> tuple[str, list[Any]]:
+        """The SQL expression of a property (and its parameters); unknown properties are an error."""
+        if key not in known and key not in PROMOTED:
             raise CatalogQueryError(
                 f"unknown property {key!r} in {what}; the catalog's queryable properties are: "
                 f"{', '.join(sorted(known)) or '(none yet)'}"
             )
-        return f"json_extract(i.properties, '$.\"{key.replace(chr(39), '')}\"')"
+        if key in PROMOTED:
+            return f"i.{PROMOTED[key]}", []
+        return "json_extract(i.properties, ?)", ['$."' + key.replace('"', '\\"') + '"']
 
     def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
         """Every item matching ``query``, sorted and limited as it asks."""
@@ -370,12 +399,14 @@ class CatalogIndex:
             for w, s, e, n in q.boxes:
                 params += [e, w, n, s]
         if q.has_time:
-            conds.append("+i.t0 IS NOT NULL")
+            # with a bbox the R*Tree drives ("+" keeps SQLite off the time index); alone, items_time does
+            t = "+i" if q.boxes else "i"
+            conds.append(f"{t}.t0 IS NOT NULL")
             if q.t_end is not None:
-                conds.append("+i.t0 <= ?")
+                conds.append(f"{t}.t0 <= ?")
                 params.append(q.t_end)
             if q.t_start is not None:
-                conds.append("+i.t1 >= ?")
+                conds.append(f"{t}.t1 >= ?")
                 params.append(q.t_start)
         if q.collections:
             conds.append(f"i.collection IN ({','.join('?' * len(q.collections))})")
@@ -398,41 +429,48 @@ class CatalogIndex:
                 sub += f" UNION SELECT item FROM geohash WHERE cell IN ({','.join('?' * len(prefixes))})"
                 params += prefixes
             conds.append(f"i.rowid IN ({sub})")
-        known: dict[str, str] | None = None
+        known: dict[str, set[str]] = {}
         if q.filters or any(k not in BUILTIN_SORT for k, _ in q.sort):
             known = self.queryables()
         for f in q.filters:
-            assert known is not None
-            col = self._property_sql(f.key, known, "a filter")
-            kind = known.get(f.key, "number" if f.key in (EO_CLOUD, CB_QUALITY, "gsd") else "string")
+            col, cparams = self._property_sql(f.key, known, "a filter")
+            kinds = known.get(f.key, set())
             value: Any = f.value
-            if kind == "number" and not isinstance(value, float):
-                raise CatalogQueryError(f"filter {f}: {f.key} is a number; got {value!r}")
-            if kind == "string" and f.op in ("<", "<=", ">", ">="):
-                raise CatalogQueryError(f"filter {f}: {f.key} is text; use = or != with it")
-            if kind == "string":
-                value = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-            if kind == "boolean":
-                value = 1 if value in (True, "true", 1.0) else 0
-            op = f.op  # SQL semantics, as CQL2: an item without the property matches no comparison
-            conds.append(f"{col} {op} ?")
-            params.append(value)
+            if isinstance(value, bool) or (f.op in ("=", "!=") and "boolean" in kinds and value in ("true", "false")):
+                if "boolean" not in kinds:
+                    raise CatalogQueryError(f"filter {f}: {f.key} is {' or '.join(sorted(kinds))}, not true/false")
+                guard, value = "typeof({c}) = 'integer'", 1 if value in (True, "true") else 0
+            elif isinstance(value, float):
+                if "number" not in kinds:
+                    if f.op in ("<", "<=", ">", ">="):
+                        raise CatalogQueryError(f"filter {f}: {f.key} is text; use = or != with it")
+                    guard, value = "typeof({c}) = 'text'", str(int(value)) if value.is_integer() else str(value)
+                else:
+                    guard = "typeof({c}) IN ('integer', 'real')"
+            else:
+                if "string" not in kinds:
+                    raise CatalogQueryError(f"filter {f}: {f.key} is a number; got {value!r}")
+                guard = "typeof({c}) = 'text'"
+            # SQL semantics, as CQL2: an item without the property (or of another type) matches no comparison
+            conds.append(f"({guard.format(c=col)} AND {col} {f.op} ?)")
+            params += [*cparams, *cparams, value]
         order = []
+        order_params: list[Any] = []
         for key, desc in q.sort or (("datetime", False), ("id", False)):
             if key == "datetime":
-                col = "i.t0"
+                col, cparams = "i.t0", []
             elif key in ("id", "collection", "band_count"):
-                col = f"i.{key}"
+                col, cparams = f"i.{key}", []
             else:
-                assert known is not None
-                col = self._property_sql(key, known, "sort")
+                col, cparams = self._property_sql(key, known, "sort")
             order.append(f"{col} IS NULL, {col} {'DESC' if desc else 'ASC'}")
+            order_params += [*cparams, *cparams]
         if ("id", False) not in q.sort and ("id", True) not in q.sort:
             order.append("i.id")
         where = " AND ".join(conds) or "1"
         exact = q.geometry is not None
         limit = q.limit
-        return list(self._select(where, params, " ORDER BY " + ", ".join(order), limit,
+        return list(self._select(where, params + order_params, " ORDER BY " + ", ".join(order), limit,
                                  q.geometry if exact else None))
 
     def _select(self, where: str, params: list[Any], order: str, limit: int | None,
@@ -468,11 +506,11 @@ class CatalogIndex:
         rows = db.execute("SELECT id, href FROM items WHERE collection=? ORDER BY id", (collection,)).fetchall()
         s.item_ids = [r[0] for r in rows]
         s.item_hrefs = [r[1] for r in rows if r[1]]
-        b = db.execute("SELECT min(west), min(south), max(east), max(north) FROM items WHERE collection=? "
-                       "AND west IS NOT NULL AND west <= east", (collection,)).fetchone()
-        crosses = db.execute("SELECT count(*) FROM items WHERE collection=? AND west > east", (collection,)).fetchone()[0]
-        if b[0] is not None:
-            s.bbox = (-180.0, b[1], 180.0, b[3]) if crosses else (b[0], b[1], b[2], b[3])
+        b = db.execute("SELECT min(west), min(south), max(east), max(north), sum(west > east) FROM items "
+                       "WHERE collection=? AND west IS NOT NULL", (collection,)).fetchone()
+        if b[1] is not None:
+            # an item across the antimeridian spans the date line: the extent then takes every longitude
+            s.bbox = (-180.0, b[1], 180.0, b[3]) if b[4] else (b[0], b[1], b[2], b[3])
         t = db.execute("SELECT min(t0), max(t1) FROM items WHERE collection=?", (collection,)).fetchone()
         s.start = iso(t[0]) if t[0] is not None else None
         s.end = iso(t[1]) if t[1] is not None else None

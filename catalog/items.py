@@ -36,6 +36,7 @@ from .schema import (
     CB_TREE_CHECKSUM,
     CB_VALIDATION,
     EO_CENTER,
+    EO_CLOUD,
     EO_FWHM,
     EXT_VIEW,
     EXTENSIONS,
@@ -73,9 +74,12 @@ def _time(value: str | None) -> str | None:
 
 
 def _number_or_text(value: str) -> float | int | str:
+    """A tag's value as a JSON number when it is a finite one, else its text (NaN is no JSON)."""
     try:
         f = float(value)
     except ValueError:
+        return value.strip()
+    if not math.isfinite(f):
         return value.strip()
     return int(f) if f.is_integer() and "." not in value else f
 
@@ -155,15 +159,20 @@ def _asset(href: str, key: str, info: dict[str, Any], media_type: str) -> dict[s
 def _assets(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     src = record["source"]
     files = src.get("files", [])
+    main = next((f for f in files if f.get("path") == src["path"]), files[0] if len(files) == 1 else None)
     source: dict[str, Any] = {
         "href": src["path"],
         "type": source_media_type(src.get("format", "")),
         "roles": ASSET_ROLES["source"],
-        "title": f"source ({src.get('format')})",
-        FILE_SIZE: sum(int(f.get("size", 0)) for f in files),
+        "title": f"source ({src.get('format')}, {len(files)} file{'s' if len(files) != 1 else ''}; "
+                 "the item's bands describe the products, not the source)",
+        "data_type": src.get("dtype"),
+        "cubelake:band_count": (src.get("shape") or [None])[0],
     }
-    if len(files) == 1 and files[0].get("blake3"):
-        source[FILE_CHECKSUM] = multihash_blake3(files[0]["blake3"])
+    if main is not None:
+        source[FILE_SIZE] = main.get("size")
+        if main.get("blake3"):
+            source[FILE_CHECKSUM] = multihash_blake3(main["blake3"])
     source["cubelake:files"] = [
         {"href": f["path"], FILE_SIZE: f.get("size"), **({FILE_CHECKSUM: multihash_blake3(f["blake3"])} if f.get("blake3") else {})}
         for f in files
@@ -232,7 +241,10 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
     tags = record.get("tags") or {}
     for prop, tag in (stac.get("tag_properties") or {}).items():
         if tag in tags and str(tags[tag]).strip():
-            props[prop] = _number_or_text(str(tags[tag]))
+            value = _number_or_text(str(tags[tag]))
+            if prop == EO_CLOUD and not (isinstance(value, int | float) and 0 <= value <= 100):
+                continue  # Landsat writes -1 for "not computed"; the eo extension allows 0-100 only
+            props[prop] = value
 
     epsg = grid.get("crs_epsg")
     props[PROJ_CODE] = f"EPSG:{epsg}" if epsg else None

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cubelake.errors import CatalogError, CorruptItemError, ItemNotFoundError
-from cubelake.lake import Lake, atomic_write_text, pid_alive
+import shapely
 
-from .index import CatalogIndex, SearchHit
+from cubelake.errors import CatalogError, CorruptItemError, CubelakeError, ItemNotFoundError
+from cubelake.lake import Lake, atomic_write_text, pid_alive, safe_scene_id
+
+from .index import CatalogIndex, SearchHit, index_rows
 from .items import ITEM_FILE, collection_dict, item_from_record, root_catalog_dict
 from .query import ParsedQuery, Query
 
@@ -107,7 +109,6 @@ class LakeCatalog:
     def __init__(self, lake: Lake | str | Path, *, create: bool = False) -> None:
         self.lake = lake if isinstance(lake, Lake) else Lake(lake, create=create)
         self.root = self.lake.root
-        (self.root / ".pending").mkdir(exist_ok=True)
         self.index_path = self.root / INDEX_FILE
         self._index: CatalogIndex | None = None
 
@@ -150,6 +151,7 @@ class LakeCatalog:
     def pending(self, scene_id: str) -> Iterator[None]:
         """Mark a scene as between products and item; the marker stays if the process dies inside."""
         marker = self.root / ".pending" / scene_id
+        marker.parent.mkdir(exist_ok=True)
         atomic_write_text(marker, f"{os.getpid()}\n")
         yield
         with contextlib.suppress(FileNotFoundError):
@@ -202,34 +204,52 @@ class LakeCatalog:
         """Finish or undo what killed ingests left between products and item; one line per action."""
         done: list[str] = []
         _ = self.index  # exists from the first ingest on (built from the item files if it went missing)
-        for marker in sorted((self.root / ".pending").iterdir()):
+        pending = self.root / ".pending"
+        for marker in sorted(pending.iterdir()) if pending.is_dir() else []:
             scene_id = marker.name
+            if safe_scene_id(scene_id) != scene_id:  # a marker's own temp file, left by a kill mid-write
+                owner = marker.name.split(".")[-3] if marker.name.count(".") >= 3 else ""
+                if not (owner.isdigit() and pid_alive(int(owner))):
+                    marker.unlink(missing_ok=True)
+                continue
             try:
                 pid = int(marker.read_text().strip() or 0)
             except (OSError, ValueError):
                 pid = 0
             if pid and pid != os.getpid() and pid_alive(pid):
                 continue
-            with self.lake.lock(scene_id, blocking=False) as held:
-                if not held:
-                    continue
-                path = self.item_path(scene_id)
-                try:
-                    item = read_item(path) if path.exists() else None
-                except CorruptItemError as exc:
-                    log.warning("%s", exc)
-                    item = None
-                missing = _missing_assets(path.parent, item) if item else []
-                if item is not None and not missing:
-                    self.publish(scene_id)
-                    done.append(f"completed catalog item {scene_id} left unpublished by a killed ingest")
-                else:
-                    if self.unpublish(scene_id):
-                        done.append(f"removed catalog item {scene_id}: its products are incomplete ({', '.join(missing)})")
-                marker.unlink(missing_ok=True)
+            try:
+                line = self._recover_one(scene_id)
+            except CubelakeError as exc:  # one bad leftover must not stop every later ingest
+                log.error("%s: could not finish the catalog entry of %s, left for the next run: %s", self.root,
+                          scene_id, exc)
+                continue
+            if line:
+                done.append(line)
         for line in done:
             log.info("%s: %s", self.root, line)
         return done
+
+    def _recover_one(self, scene_id: str) -> str | None:
+        marker = self.root / ".pending" / scene_id
+        with self.lake.lock(scene_id, blocking=False) as held:
+            if not held:
+                return None  # a live ingest of this scene holds it
+            path = self.item_path(scene_id)
+            try:
+                item = read_item(path) if path.exists() else None
+            except CorruptItemError as exc:
+                log.warning("%s", exc)
+                item = None
+            missing = _missing_assets(path.parent, item) if item else []
+            line = None
+            if item is not None and not missing:
+                self.publish(scene_id)
+                line = f"completed catalog item {scene_id} left unpublished by a killed ingest"
+            elif self.unpublish(scene_id):
+                line = f"removed catalog item {scene_id}: its products are incomplete ({', '.join(missing)})"
+            marker.unlink(missing_ok=True)
+            return line
 
     def reindex(self, progress: Callable[[int, int], None] | None = None) -> ReindexReport:
         """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
@@ -243,8 +263,8 @@ class LakeCatalog:
         """
         report = ReindexReport()
         tmp = self.root / f".{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
-        ids = self.lake.scene_ids()
         with self.lake.lock(_LOCK):
+            ids = self.lake.scene_ids()  # under the lock: a publish cannot slip in between
             fresh = CatalogIndex(tmp)
             try:
                 def items() -> Iterator[dict[str, Any]]:
@@ -267,13 +287,23 @@ class LakeCatalog:
                         if item["id"] != sid:
                             report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
                             continue
+                        try:
+                            index_rows(item, None)  # values the index cannot take (a bad time, a bad bbox)
+                        except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
+                            report.corrupt.append((str(path), f"not indexable: {exc}"))
+                            continue
                         yield item
 
                 report.indexed = fresh.insert_items(items(), batch_size=1000,
                                                     href=lambda item: self.item_href(item["id"]))
                 fresh.analyze()
-            finally:
+            except BaseException:
                 fresh.close()
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        Path(str(tmp) + suffix).unlink()
+                raise
+            fresh.close()
             self.close()
             self._swap_in(tmp)
             old_dirs = {p.name for p in (self.root / "collections").glob("*") if p.is_dir()}

@@ -50,13 +50,13 @@ class Query:
     bbox: Sequence[float] | str | None = None  # west, south, east, north (degrees); west > east crosses 180°
     intersects: dict[str, Any] | str | None = None  # GeoJSON geometry (or its JSON text), WGS84
     datetime: str | tuple[str | None, str | None] | None = None  # "a/b", "../b", "a/..", "2022-07"
-    collections: Sequence[str] = ()
-    ids: Sequence[str] = ()
+    collections: Sequence[str] | str = ()
+    ids: Sequence[str] | str = ()
     wavelength_nm: tuple[float, float] | str | None = None  # every part covered by the kept bands
     min_bands: int | None = None
     geohash: str | None = None  # footprint meets a cell with this prefix
-    filters: Sequence[PropertyFilter | str] = ()  # "eo:cloud_cover<10", "cubelake:quality>=0.8"
-    sort: Sequence[str] = ()  # "datetime", "-eo:cloud_cover", "id"
+    filters: Sequence[PropertyFilter | str] | str = ()  # "eo:cloud_cover<10", "cubelake:quality>=0.8"
+    sort: Sequence[str] | str = ()  # "datetime", "-eo:cloud_cover", "id"
     limit: int | None = None
 
 
@@ -225,6 +225,11 @@ def _geometry(value: dict[str, Any] | str) -> BaseGeometry:
     return geom
 
 
+def _strings(value: Sequence[Any] | str) -> tuple[Any, ...]:
+    """A lone string is one value, not a sequence of characters (``collections="enmap-l2a"``)."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def parse_query(q: Query) -> ParsedQuery:
     """Check and canonicalise every part of ``q``; raises :class:`CatalogQueryError` on the first bad one."""
     boxes: tuple[tuple[float, float, float, float], ...] = ()
@@ -264,9 +269,9 @@ def parse_query(q: Query) -> ParsedQuery:
         raise CatalogQueryError(f"limit must be >= 0, got {q.limit}")
     return ParsedQuery(
         boxes=boxes, geometry=geom, t_start=t0, t_end=t1, has_time=q.datetime is not None,
-        collections=tuple(q.collections), ids=tuple(q.ids), wavelength_nm=wl,
+        collections=_strings(q.collections), ids=_strings(q.ids), wavelength_nm=wl,
         min_bands=int(q.min_bands) if q.min_bands is not None else None, geohash=gh,
-        filters=tuple(parse_filter(f) for f in q.filters), sort=parse_sort(q.sort),
+        filters=tuple(parse_filter(f) for f in _strings(q.filters)), sort=parse_sort(_strings(q.sort)),
         limit=int(q.limit) if q.limit is not None else None,
     )
 

@@ -30,6 +30,7 @@ from cubelake import __version__
 from cubelake.catalog.items import ITEM_FILE, item_from_record
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.errors import (
+    CatalogError,
     ContentMismatchError,
     CubelakeError,
     NoCubeError,
@@ -577,6 +578,14 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                                     "media_type": "application/vnd+zarr; version=3"}
         phys = result.stats.physical(cal.selection.keep, cal.linear)
         fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
+        acq = acquisition_time(meta.datetime, str(inp.path), plan.profile.time, datetime.now(UTC))
+        if acq.source == "unknown":
+            report.extend([warning(
+                Code.UNKNOWN_TIME,
+                ("the metadata's acquisition time " + repr(meta.datetime) + " is not ISO 8601, and "
+                 if meta.datetime else "no acquisition time in the metadata, ")
+                + f"no time in the file name for profile '{plan.profile.name}', and none in the profile: no "
+                "datetime search will find this scene. Give time.filename_pattern or time.datetime in a profile")])
         prints = hasher.result()
         c_hash = content_hash(prints)
         record_core["content_hash"] = c_hash
@@ -602,8 +611,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                 "shard_chunks": shard,
             },
             "datetime": meta.datetime,
-            "acquisition": acquisition_time(meta.datetime, str(inp.path), plan.profile.time,
-                                            datetime.now(UTC)).to_dict(),
+            "acquisition": acq.to_dict(),
             "footprint": fp.to_dict() if fp is not None else None,
             "tags": meta.tags,
             "bands": [
@@ -629,13 +637,18 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         item = item_from_record(record)
         atomic_write_text(staged / "validation.json", report.to_json() + "\n")
         atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
-        atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1) + "\n")
+        atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1, allow_nan=False) + "\n")
         emit("publish")
         with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
             fault_point("before-products")
             target = lake.publish(staged, scene_id)
             fault_point("after-products")
-            catalog.publish(scene_id)
+            try:
+                catalog.publish(scene_id)
+            except CatalogError as exc:
+                raise CatalogError(
+                    f"{scene_id}: the products are published in {target}, but indexing its catalog item failed "
+                    f"({exc}); the next ingest retries it, or run 'cubelake catalog reindex'") from exc
     emit("done")
     return IngestResult(
         str(inp.path), scene_id, Outcome.INGESTED, report,
@@ -661,7 +674,8 @@ def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: Ingest
             # one scene's build failure must not stop the others; it is logged and counted
             log.exception("building %s failed", scene.path)
             report = ValidationReport(path=str(scene.path))
-            results.append(IngestResult(str(scene.path), None, Outcome.FAILED, report,
-                                        f"failed while building products ({type(exc).__name__}: {exc}); nothing was "
-                                        "published. If the input is fine, this is a cubelake bug: please report it"))
+            message = (f"failed: {exc}" if isinstance(exc, CatalogError) else
+                       f"failed while building products ({type(exc).__name__}: {exc}); nothing was published. "
+                       "If the input is fine, this is a cubelake bug: please report it")
+            results.append(IngestResult(str(scene.path), None, Outcome.FAILED, report, message))
     return results

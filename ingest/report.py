@@ -54,6 +54,7 @@ class Code(StrEnum):
     NOT_GEOREFERENCED = "not_georeferenced"
     ENCODING_CLIPPED = "encoding_clipped"
     LABELS_IGNORED = "labels_ignored"
+    UNKNOWN_TIME = "unknown_time"
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,8 +78,8 @@ def search_cmd(
                                     collections=collection, ids=ids, wavelength_nm=wavelength, min_bands=min_bands,
                                     geohash=geohash, filters=filters, sort=sort, limit=limit))
             if fmt is SearchFormat.geojson:
-                print_json({"type": "FeatureCollection", "features": cat.items(hits),
-                            "numberMatched": len(hits), "numberReturned": len(hits)})
+                print_json({"type": "FeatureCollection", "features": cat.items(hits), "numberReturned": len(hits),
+                            **({"numberMatched": len(hits)} if limit is None else {})})
                 return
         except CubelakeError as exc:
             raise _fail(exc) from None
@@ -127,7 +127,10 @@ def stats_cmd(
     """Items per collection, time span, band counts and index size."""
     configure_output(verbose, quiet)
     with _open(lake) as cat:
-        stats = cat.stats()
+        try:
+            stats = cat.stats()
+        except CubelakeError as exc:
+            raise _fail(exc) from None
     if fmt is TextOrJson.json:
         print_json(stats)
         return

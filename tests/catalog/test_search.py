@@ -418,12 +418,26 @@ def test_hits_carry_the_item_fields(index: CatalogIndex) -> None:
 
 def test_queryables_list_the_scalar_properties(index: CatalogIndex) -> None:
     q = index.queryables()
-    assert q["eo:cloud_cover"] == "number"
-    assert q["view:sun_elevation"] == "number"
-    assert q["platform"] == "string"
-    assert q["sensor_mode"] == "string"
+    assert q["eo:cloud_cover"] == {"number"}
+    assert q["view:sun_elevation"] == {"number"}
+    assert q["platform"] == {"string"}
+    assert q["sensor_mode"] == {"string"}
     assert "bands" not in q
     assert "cubelake:geohash6" not in q
+
+
+def test_a_property_of_mixed_types_compares_each_type_apart(tmp_path: Path) -> None:
+    """Ingest order must not decide whether eo:cloud_cover<10 is allowed; text never matches a number."""
+    idx = CatalogIndex(tmp_path / "mixed.sqlite")
+    base = {"type": "Feature", "collection": "c", "geometry": None, "assets": {}, "links": []}
+    for i, cloud in enumerate(["n/a", 5, 50, "7"]):
+        idx.upsert({**base, "id": f"m{i}", "properties": {"datetime": "2020-01-01T00:00:00Z", "eo:cloud_cover": cloud}})
+    assert idx.queryables()["eo:cloud_cover"] == {"number", "string"}
+    assert [h.id for h in idx.search(Query(filters=("eo:cloud_cover<10",)))] == ["m1"]
+    assert [h.id for h in idx.search(Query(filters=("eo:cloud_cover>10",)))] == ["m2"]  # "n/a" is not > 10
+    assert [h.id for h in idx.search(Query(filters=("eo:cloud_cover=n/a",)))] == ["m0"]
+    assert [h.id for h in idx.search(Query(filters=("eo:cloud_cover!=5",)))] == ["m2"]
+    idx.close()
 
 
 # -- errors ----------------------------------------------------------------------------------------------
