@@ -1,14 +1,16 @@
 """The catalog's SQLite index: derived from the item JSON, rebuilt by ``cubelake catalog reindex``.
 
-Tables (``SCHEMA_VERSION`` 3):
+Tables (``SCHEMA_VERSION`` 4):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
   WKB, band count, item href, the properties JSON (without the bulky bands and calibration),
   and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
   ``platform``) with their own indexes.
-- ``items_rtree``: an R*Tree of bboxes; an item crossing the antimeridian has two boxes
-  (``id = rowid*2 + part``).
+- ``items_rtree``: a 3-D R*Tree of (longitude, latitude, time) boxes, so a bbox + datetime
+  search reads only the items near in both; an item crossing the antimeridian has two boxes
+  (``id = rowid*2 + part``); an item of unknown time sits at a far-past sentinel instant.
+  (R*Tree coordinates are 32-bit floats rounded outwards: a prefilter, exact tests follow.)
 - ``bands``: the band table, one row per item: names (JSON) and centre/FWHM in nm as packed
   float64 arrays (NaN = unknown) — per-band rows would be ~120 rows per hyperspectral item,
   120 million for a million items, for no query that needs them; ``coverage``: the merged
@@ -63,8 +65,10 @@ __all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_rows"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _BULKY = (BANDS, CB_CALIBRATION, CB_GEOHASH)
+_NO_TIME = -1e30  # R*Tree time of items with no known time: before anything a search can ask for
+_FAR = 1e29
 
 _PROMOTED_COLUMNS = ", ".join(
     f"{col} GENERATED ALWAYS AS (json_extract(properties, '$.\"{key}\"')) VIRTUAL" for key, col in PROMOTED.items()
@@ -89,7 +93,7 @@ CREATE TABLE IF NOT EXISTS items(
 CREATE INDEX IF NOT EXISTS items_time ON items(t0, t1);
 CREATE INDEX IF NOT EXISTS items_collection ON items(collection, t0);
 {_PROMOTED_INDEXES}
-CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy);
+CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy, mint, maxt);
 CREATE TABLE IF NOT EXISTS bands(
     item INTEGER PRIMARY KEY, names TEXT NOT NULL, center_nm BLOB NOT NULL, fwhm_nm BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS coverage(item INTEGER NOT NULL, lo_nm REAL NOT NULL, hi_nm REAL NOT NULL,
@@ -107,20 +111,40 @@ def _busy_or(path: Path, exc: sqlite3.Error) -> str:
     return f"{path}: the catalog index cannot be used ({exc}); rebuild it with 'cubelake catalog reindex'"
 
 
-@dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One matching item, as the index holds it (``properties`` without bands/calibration/geohash)."""
+    """One matching item, as the index holds it (``properties`` without bands/calibration/geohash).
 
-    id: str
-    collection: str
-    datetime: str | None
-    start: float | None
-    end: float | None
-    bbox: tuple[float, float, float, float] | None
-    band_count: int
-    href: str | None
-    properties: dict[str, Any]
-    geometry: dict[str, Any] | None
+    ``properties`` and ``geometry`` are decoded on first use: a search returning a hundred ids
+    should not pay for a hundred JSON documents and footprints nobody reads.
+    """
+
+    __slots__ = ("_geometry", "_properties", "_raw_geometry", "_raw_properties", "band_count", "bbox",
+                 "collection", "datetime", "end", "href", "id", "start")
+
+    def __init__(self, id: str, collection: str, datetime: str | None, start: float | None, end: float | None,
+                 bbox: tuple[float, float, float, float] | None, band_count: int, href: str | None,
+                 raw_properties: str, raw_geometry: bytes | None) -> None:
+        self.id, self.collection, self.datetime, self.start, self.end = id, collection, datetime, start, end
+        self.bbox, self.band_count, self.href = bbox, band_count, href
+        self._raw_properties, self._raw_geometry = raw_properties, raw_geometry
+        self._properties: dict[str, Any] | None = None
+        self._geometry: dict[str, Any] | None = None
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        if self._properties is None:
+            self._properties = json.loads(self._raw_properties)
+        return self._properties
+
+    @property
+    def geometry(self) -> dict[str, Any] | None:
+        """The footprint as GeoJSON (WGS84), or ``None`` for a scene without location."""
+        if self._geometry is None and self._raw_geometry is not None:
+            self._geometry = shapely.geometry.mapping(shapely.from_wkb(self._raw_geometry))
+        return self._geometry
+
+    def __repr__(self) -> str:
+        return f"SearchHit(id={self.id!r}, collection={self.collection!r}, datetime={self.datetime!r})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "collection": self.collection, "datetime": self.datetime,
@@ -160,7 +184,7 @@ def _geometry(geom: dict[str, Any]) -> shapely.Geometry:
 @dataclass(slots=True)
 class _Rows:
     item: tuple[Any, ...]
-    boxes: list[tuple[float, float, float, float]]
+    boxes: list[tuple[float, float, float, float, float, float]]
     bands: tuple[str, bytes, bytes]
     coverage: list[tuple[float, float]]
     cells: list[str]
@@ -180,11 +204,12 @@ def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
     t0, t1 = _interval(props)
     bbox = item.get("bbox")
     geom = item.get("geometry")
-    boxes: list[tuple[float, float, float, float]] = []
+    boxes: list[tuple[float, float, float, float, float, float]] = []
     wkb = None
     if bbox and geom:
         w, s, e, n = (float(v) for v in (bbox[:2] + bbox[3:5] if len(bbox) == 6 else bbox))
-        boxes = [(w, 180.0, s, n), (-180.0, e, s, n)] if w > e else [(w, e, s, n)]
+        tb = (t0, t1) if t0 is not None and t1 is not None else (_NO_TIME, _NO_TIME)
+        boxes = [(w, 180.0, s, n, *tb), (-180.0, e, s, n, *tb)] if w > e else [(w, e, s, n, *tb)]
         wkb = shapely.to_wkb(_geometry(geom))
     else:
         w = s = e = n = None  # type: ignore[assignment]
@@ -284,7 +309,7 @@ class CatalogIndex:
             "INSERT INTO items(id, collection, datetime, t0, t1, west, south, east, north, geometry, band_count, "
             "href, properties) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", r.item)
         rowid = int(cur.lastrowid or 0)
-        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?)",
+        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?,?,?)",
                        [(rowid * 2 + k, *b) for k, b in enumerate(r.boxes)])
         db.execute("INSERT INTO bands VALUES (?,?,?,?)", (rowid, *r.bands))
         db.executemany("INSERT OR IGNORE INTO coverage VALUES (?,?,?)", [(rowid, lo, hi) for lo, hi in r.coverage])
@@ -394,10 +419,15 @@ class CatalogIndex:
         conds: list[str] = []
         params: list[Any] = []
         if q.boxes:
-            rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ?)" for _ in q.boxes)
+            rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ? AND mint <= ? AND maxt >= ?)"
+                             for _ in q.boxes)
             conds.append(f"i.rowid IN (SELECT id >> 1 FROM items_rtree WHERE {rt})")
+            t_lo = q.t_start if q.t_start is not None else (-_FAR if q.has_time else -math.inf)
+            t_hi = q.t_end if q.t_end is not None else math.inf
+            if q.has_time:
+                t_lo = max(t_lo, -_FAR)  # above the unknown-time sentinel
             for w, s, e, n in q.boxes:
-                params += [e, w, n, s]
+                params += [e, w, n, s, t_hi, t_lo]
         if q.has_time:
             # with a bbox the R*Tree drives ("+" keeps SQLite off the time index); alone, items_time does
             t = "+i" if q.boxes else "i"
@@ -493,7 +523,7 @@ class CatalogIndex:
             yield SearchHit(
                 id=r[0], collection=r[1], datetime=r[2], start=r[3], end=r[4],
                 bbox=(r[5], r[6], r[7], r[8]) if r[5] is not None else None, band_count=r[9], href=r[10],
-                properties=json.loads(r[11]), geometry=shapely.geometry.mapping(shapely.from_wkb(r[12])) if r[12] else None,
+                raw_properties=r[11], raw_geometry=r[12],
             )
 
     # -- summaries -------------------------------------------------------------
