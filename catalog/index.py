@@ -146,6 +146,15 @@ class SearchHit:
     def __repr__(self) -> str:
         return f"SearchHit(id={self.id!r}, collection={self.collection!r}, datetime={self.datetime!r})"
 
+    def _key(self) -> tuple[Any, ...]:
+        return (self.id, self.collection, self.datetime, self.start, self.end, self.bbox, self.band_count, self.href,
+                self._raw_properties, self._raw_geometry)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SearchHit) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, mutable cache: not hashable
+
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "collection": self.collection, "datetime": self.datetime,
                 "bbox": list(self.bbox) if self.bbox else None, "band_count": self.band_count,
