@@ -1,19 +1,15 @@
 """The catalog's SQLite index: derived from the item JSON, rebuilt by ``cubelake catalog reindex``.
 
-Tables (``SCHEMA_VERSION`` 6):
+Tables (``SCHEMA_VERSION`` 5):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
   WKB, band count, item href, the properties JSON (without the bulky bands and calibration),
   and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
   ``platform``) with their own indexes.
-- ``items_rtree``: a 5-D R*Tree of (longitude, latitude, time, coverage start, coverage end)
-  boxes, so a bbox + datetime + wavelength search reads only items near in all three: one entry
-  per merged coverage interval ``[lo, hi]`` (as the points ``lo`` and ``hi``; "covers 400-2400"
-  is ``lo <= 400 and hi >= 2400``) and per side of the antimeridian
-  (``id = rowid*64 + part*32 + k``; past 31 intervals the rest share one entry that spans them,
-  still a superset); an item of unknown time sits at a far-past sentinel instant, one without
-  wavelengths at a negative one. Time
+- ``items_rtree``: a 3-D R*Tree of (longitude, latitude, time) boxes, so a bbox + datetime
+  search reads only the items near in both; an item crossing the antimeridian has two boxes
+  (``id = rowid*2 + part``); an item of unknown time sits at a far-past sentinel instant. Time
   is in units of 10 days there: the R*Tree splits nodes by area and margin, and in seconds the
   time axis (3e8 for a decade) outweighs degrees (360) so badly that leaves end up a few hours
   thin and world-wide; a bbox + datetime search then visits thousands of nodes (6.7 ms against
@@ -73,15 +69,12 @@ __all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_rows"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 5
 _BULKY = (BANDS, CB_CALIBRATION, CB_GEOHASH)
 _NO_TIME = -1e30  # R*Tree time of items with no known time: before anything a search can ask for
 _FAR = 1e29
 _MMAP_BYTES = 16 * 1024**3  # address space only; the OS pages in what searches touch
 _T_UNIT = 864_000.0  # seconds per R*Tree time unit (10 days; see the module docstring)
-_W_UNIT = 10.0  # nm per R*Tree wavelength unit: ~200 over a spectrometer's range, like degrees and decades
-_NO_WAVELENGTH = -1.0
-_PER_PART = 32  # R*Tree entries per item and side of the antimeridian
 
 _PROMOTED_COLUMNS = ", ".join(
     f"{col} GENERATED ALWAYS AS (json_extract(properties, '$.\"{key}\"')) VIRTUAL" for key, col in PROMOTED.items()
@@ -106,8 +99,7 @@ CREATE TABLE IF NOT EXISTS items(
 CREATE INDEX IF NOT EXISTS items_time ON items(t0, t1);
 CREATE INDEX IF NOT EXISTS items_collection ON items(collection, t0);
 {_PROMOTED_INDEXES}
-CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy, mint, maxt,
-    minlo, maxlo, minhi, maxhi);
+CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy, mint, maxt);
 CREATE TABLE IF NOT EXISTS bands(
     item INTEGER PRIMARY KEY, names TEXT NOT NULL, center_nm BLOB NOT NULL, fwhm_nm BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS coverage(item INTEGER NOT NULL, lo_nm REAL NOT NULL, hi_nm REAL NOT NULL,
@@ -198,17 +190,6 @@ def _interval(props: dict[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def _wavelength_points(merged: list[tuple[float, float]]) -> list[tuple[float, float, float, float]]:
-    """R*Tree wavelength dimensions, one entry per coverage interval (at most ``_PER_PART``)."""
-    if not merged:
-        return [(_NO_WAVELENGTH,) * 4]
-    pts = [(lo / _W_UNIT, hi / _W_UNIT) for lo, hi in merged]
-    if len(pts) > _PER_PART:  # the rest in one entry spanning them: a superset, the exact test follows
-        rest = pts[_PER_PART - 1:]
-        pts = [*pts[: _PER_PART - 1], (min(p[0] for p in rest), max(p[1] for p in rest))]
-    return [(lo, lo, hi, hi) for lo, hi in pts]
-
-
 def _geometry(geom: dict[str, Any]) -> shapely.Geometry:
     if geom.get("type") == "Polygon" and len(geom["coordinates"]) == 1:  # the common case, 3x faster than shape()
         return shapely.polygons(np.asarray(geom["coordinates"][0], dtype=np.float64))
@@ -218,7 +199,7 @@ def _geometry(geom: dict[str, Any]) -> shapely.Geometry:
 @dataclass(slots=True)
 class _Rows:
     item: tuple[Any, ...]
-    boxes: list[tuple[float, ...]]
+    boxes: list[tuple[float, float, float, float, float, float]]
     bands: tuple[str, bytes, bytes]
     coverage: list[tuple[float, float]]
     cells: list[str]
@@ -238,20 +219,19 @@ def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
     t0, t1 = _interval(props)
     bbox = item.get("bbox")
     geom = item.get("geometry")
-    bands_in = props.get(BANDS) or []
-    c_nm = [None if (v := b.get(EO_CENTER)) is None else v * 1000.0 for b in bands_in]
-    f_nm = [None if (v := b.get(EO_FWHM)) is None else v * 1000.0 for b in bands_in]
-    merged = merged_coverage(c_nm, f_nm)
-    boxes: list[tuple[float, ...]] = []
+    boxes: list[tuple[float, float, float, float, float, float]] = []
     wkb = None
     if bbox and geom:
         w, s, e, n = (float(v) for v in (bbox[:2] + bbox[3:5] if len(bbox) == 6 else bbox))
         tb = (t0 / _T_UNIT, t1 / _T_UNIT) if t0 is not None and t1 is not None else (_NO_TIME, _NO_TIME)
-        parts = [(w, 180.0, s, n), (-180.0, e, s, n)] if w > e else [(w, e, s, n)]
-        boxes = [(*part, *tb, *wl) for part in parts for wl in _wavelength_points(merged)]
+        boxes = [(w, 180.0, s, n, *tb), (-180.0, e, s, n, *tb)] if w > e else [(w, e, s, n, *tb)]
         wkb = shapely.to_wkb(_geometry(geom))
     else:
         w = s = e = n = None  # type: ignore[assignment]
+    bands_in = props.get(BANDS) or []
+    c_nm = [None if (v := b.get(EO_CENTER)) is None else v * 1000.0 for b in bands_in]
+    f_nm = [None if (v := b.get(EO_FWHM)) is None else v * 1000.0 for b in bands_in]
+    merged = merged_coverage(c_nm, f_nm)
     band_row = (json.dumps([b.get("name") for b in bands_in]),
                 np.array(c_nm, dtype="<f8").tobytes(), np.array(f_nm, dtype="<f8").tobytes())
     slim = {k: v for k, v in props.items() if k not in _BULKY}
@@ -332,7 +312,7 @@ class CatalogIndex:
 
     def _delete(self, rowid: int) -> None:
         db = self.db
-        db.executemany("DELETE FROM items_rtree WHERE id = ?", [(rowid * 2 * _PER_PART + k,) for k in range(2 * _PER_PART)])
+        db.execute("DELETE FROM items_rtree WHERE id IN (?, ?)", (rowid * 2, rowid * 2 + 1))
         db.execute("DELETE FROM bands WHERE item=?", (rowid,))
         db.execute("DELETE FROM coverage WHERE item=?", (rowid,))
         db.execute("DELETE FROM geohash WHERE item=?", (rowid,))
@@ -347,8 +327,8 @@ class CatalogIndex:
             "INSERT INTO items(id, collection, datetime, t0, t1, west, south, east, north, geometry, band_count, "
             "href, properties) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", r.item)
         rowid = int(cur.lastrowid or 0)
-        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                       [(rowid * 2 * _PER_PART + k, *b) for k, b in enumerate(r.boxes)])
+        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?,?,?)",
+                       [(rowid * 2 + k, *b) for k, b in enumerate(r.boxes)])
         db.execute("INSERT INTO bands VALUES (?,?,?,?)", (rowid, *r.bands))
         db.executemany("INSERT OR IGNORE INTO coverage VALUES (?,?,?)", [(rowid, lo, hi) for lo, hi in r.coverage])
         db.executemany("INSERT OR IGNORE INTO geohash VALUES (?,?)", [(c, rowid) for c in r.cells])
@@ -457,18 +437,15 @@ class CatalogIndex:
         conds: list[str] = []
         params: list[Any] = []
         if q.boxes:
-            wl = " AND minlo <= ? AND maxhi >= ?" if q.wavelength_nm is not None else ""
-            rt = " OR ".join(f"(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ? AND mint <= ? AND maxt >= ?{wl})"
+            rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ? AND mint <= ? AND maxt >= ?)"
                              for _ in q.boxes)
-            conds.append(f"i.rowid IN (SELECT id >> {(2 * _PER_PART).bit_length() - 1} FROM items_rtree WHERE {rt})")
+            conds.append(f"i.rowid IN (SELECT id >> 1 FROM items_rtree WHERE {rt})")
             t_lo = q.t_start / _T_UNIT if q.t_start is not None else (-_FAR if q.has_time else -math.inf)
             t_hi = q.t_end / _T_UNIT if q.t_end is not None else math.inf
             if q.has_time:
                 t_lo = max(t_lo, -_FAR)  # above the unknown-time sentinel
             for w, s, e, n in q.boxes:
                 params += [e, w, n, s, t_hi, t_lo]
-                if q.wavelength_nm is not None:
-                    params += [q.wavelength_nm[0] / _W_UNIT, q.wavelength_nm[1] / _W_UNIT]
         if q.has_time:
             # with a bbox the R*Tree drives ("+" keeps SQLite off the time index); alone, items_time does
             t = "+i" if q.boxes else "i"
