@@ -43,6 +43,7 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py
 	$(BIN)/python bench/refs.py
+	$(BIN)/python bench/catalog.py --items 1000000 --queries 200
 
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache
