@@ -16,7 +16,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["QUIET", "STATE", "VERBOSE", "configure_output", "err_console", "escape", "out_console", "print_json",
+__all__ = ["QUIET", "STATE", "VERBOSE", "configure_output", "err_console", "escape", "fail", "out_console", "print_json",
            "progress_bars"]
 
 #: -v/-q are accepted before the subcommand (global) and after it (per command).
@@ -46,6 +46,12 @@ def configure_output(verbose: int, quiet: bool) -> None:
     # GDAL's own warnings about odd TIFF tags are noise next to our reports; show them with -vv
     logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
     STATE.quiet = STATE.quiet or quiet
+
+
+def fail(exc: Exception, code: int = 1) -> typer.Exit:
+    """Print a library error on stderr; the ``typer.Exit`` for the command to raise."""
+    err_console().print(f"[red]error[/red]: {escape(str(exc))}")
+    return typer.Exit(code)
 
 
 def out_console() -> Console:

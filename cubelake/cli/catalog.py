@@ -10,7 +10,16 @@ import typer
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.errors import CatalogQueryError, CubelakeError
 
-from ._render import QUIET, VERBOSE, configure_output, err_console, escape, out_console, print_json
+from ._render import (
+    QUIET,
+    VERBOSE,
+    configure_output,
+    err_console,
+    escape,
+    fail,
+    out_console,
+    print_json,
+)
 
 catalog_app = typer.Typer(help="The lake's STAC catalog: search by space, time, wavelength and properties.",
                           no_args_is_help=True)
@@ -30,8 +39,8 @@ class TextOrJson(StrEnum):
 
 
 def _fail(exc: CubelakeError) -> typer.Exit:
-    err_console().print(f"[red]error[/red]: {escape(str(exc))}")
-    return typer.Exit(2 if isinstance(exc, CatalogQueryError) else 1)
+    """A malformed query is a usage error (exit 2); anything else exit 1."""
+    return fail(exc, 2 if isinstance(exc, CatalogQueryError) else 1)
 
 
 def _open(lake: Path) -> LakeCatalog:

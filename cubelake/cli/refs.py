@@ -8,18 +8,11 @@ import typer
 
 from cubelake.errors import CubelakeError
 
-from ._render import QUIET, VERBOSE, configure_output, escape, out_console, print_json
+from ._render import QUIET, VERBOSE, configure_output, escape, fail, out_console, print_json
 from .ingest import OutputFormat
 
 refs_app = typer.Typer(help="Kerchunk references: virtual Zarr over (cloud-optimized) GeoTIFF tiles.",
                        no_args_is_help=True)
-
-
-def _fail(exc: CubelakeError) -> typer.Exit:
-    from ._render import err_console
-
-    err_console().print(f"[red]error[/red]: {escape(str(exc))}")
-    return typer.Exit(1)
 
 
 def _format(fmt: str) -> str:
@@ -45,7 +38,7 @@ def build_cmd(
         refs = build_refs(source, chunk=chunk)
         path = write_refs(refs, output, _format(refs_format))  # type: ignore[arg-type]
     except CubelakeError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     out_console().print(f"{refs.n_chunks} chunks of {escape(source)} -> {escape(str(path))}")
 
 
@@ -69,7 +62,7 @@ def combine_cmd(
         stacked = combine_refs(refs, dim=dim)  # type: ignore[arg-type]
         path = write_refs(stacked, output, _format(refs_format))  # type: ignore[arg-type]
     except CubelakeError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     out_console().print(f"{len(refs)} scenes, {stacked.n_chunks} chunks -> {escape(str(path))}")
 
 
@@ -94,7 +87,7 @@ def check_cmd(
         if fmt is OutputFormat.json:
             print_json({"refs": str(refs), "ok": False, "error": str(exc)})
             raise typer.Exit(1) from None
-        raise _fail(exc) from None
+        raise fail(exc) from None
     if fmt is OutputFormat.json:
         print_json(info)
         return
