@@ -111,18 +111,29 @@ class LakeCatalog:
         self.root = self.lake.root
         self.index_path = self.root / INDEX_FILE
         self._index: CatalogIndex | None = None
+        self._opening = False
 
     @property
     def index(self) -> CatalogIndex:
         """The index; built from the item files first if it is missing (a copied lake, an older lake)."""
         if self._index is None:
-            if not self.index_path.exists() and self.lake.scene_ids():
-                log.info("%s: no catalog index; building it from the item files", self.root)
-                report = self.reindex()
-                for path, why in report.corrupt:
-                    log.warning("%s: skipped: %s", path, why)
-            if self._index is None:
+            if self._opening:  # reindex, called from here, opening the index it built
                 self._index = CatalogIndex(self.index_path)
+                return self._index
+            # processes starting on a new lake at once: one creates the index, the others wait and open
+            # it (SQLite's own locking does not cover switching a new file to WAL: that fails at once)
+            with self.lake.lock("_catalog_index"):
+                self._opening = True
+                try:
+                    if not self.index_path.exists() and self.lake.scene_ids():
+                        log.info("%s: no catalog index; building it from the item files", self.root)
+                        report = self.reindex()
+                        for path, why in report.corrupt:
+                            log.warning("%s: skipped: %s", path, why)
+                    if self._index is None:
+                        self._index = CatalogIndex(self.index_path)
+                finally:
+                    self._opening = False
         return self._index
 
     def close(self) -> None:
