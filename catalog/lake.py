@@ -90,6 +90,13 @@ def _missing_assets(scene_dir: Path, item: dict[str, Any]) -> list[str]:
     return out
 
 
+def _remove_database(path: Path, suffixes: tuple[str, ...] = ("", "-wal", "-shm")) -> None:
+    """Delete an SQLite file and its WAL/shared-memory companions, whichever exist."""
+    for suffix in suffixes:
+        with contextlib.suppress(FileNotFoundError):
+            Path(str(path) + suffix).unlink()
+
+
 @dataclass(slots=True)
 class ReindexReport:
     """What ``reindex`` found: items indexed, corrupt item files skipped, items built from scene records."""
@@ -310,9 +317,7 @@ class LakeCatalog:
                 fresh.analyze()
             except BaseException:
                 fresh.close()
-                for suffix in ("", "-wal", "-shm"):
-                    with contextlib.suppress(FileNotFoundError):
-                        Path(str(tmp) + suffix).unlink()
+                _remove_database(tmp)
                 raise
             fresh.close()
             self.close()
@@ -339,14 +344,10 @@ class LakeCatalog:
                     src.close()
                     live.close()
             else:
-                for suffix in ("-wal", "-shm"):  # leftovers of an unreadable index
-                    with contextlib.suppress(FileNotFoundError):
-                        Path(str(self.index_path) + suffix).unlink()
+                _remove_database(self.index_path, ("-wal", "-shm"))  # leftovers of an unreadable index
                 os.replace(built, self.index_path)
         finally:
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    Path(str(built) + suffix).unlink()
+            _remove_database(built)
 
     # -- reading ---------------------------------------------------------------
     def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
