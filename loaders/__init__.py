@@ -1,1 +1,56 @@
-"""PyTorch loaders: arrive with their own issue."""
+"""Chunk-aware PyTorch loading of hyperspectral products.
+
+>>> from torch.utils.data import DataLoader
+>>> from cubelake.loaders import CubeDataset, Sampling
+>>> ds = CubeDataset(["lake/scenes/a", "lake/scenes/b"], sampling=Sampling(size=32, stride=16))
+>>> for batch in DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, pin_memory=True): ...
+
+Import order: ``plan`` (pure) <- ``storage`` <- ``sources`` <- ``metrics``, ``spectral`` <- ``reader`` <- ``dataset``.
+torch is imported by ``dataset`` only.
+"""
+
+from __future__ import annotations
+
+from .dataset import CubeDataset, Sampling
+from .metrics import LoaderMetrics
+from .plan import (
+    ChunkGrid,
+    EpochPlan,
+    PlanSpec,
+    Randomness,
+    SampleTable,
+    plan_epoch,
+    randomness,
+    window_chunks,
+)
+from .reader import ChunkReader, ChunkReadError, ReaderConfig
+from .sources import ChunkSource, ProductError, open_source, open_sources
+from .spectral import Projection, Spectral, fit_pca, select_bands
+from .storage import DiskCache, coalesce
+
+__all__ = [
+    "ChunkGrid",
+    "ChunkReadError",
+    "ChunkReader",
+    "ChunkSource",
+    "CubeDataset",
+    "DiskCache",
+    "EpochPlan",
+    "LoaderMetrics",
+    "PlanSpec",
+    "ProductError",
+    "Projection",
+    "Randomness",
+    "ReaderConfig",
+    "SampleTable",
+    "Sampling",
+    "Spectral",
+    "coalesce",
+    "fit_pca",
+    "open_source",
+    "open_sources",
+    "plan_epoch",
+    "randomness",
+    "select_bands",
+    "window_chunks",
+]

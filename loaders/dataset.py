@@ -1,0 +1,529 @@
+"""The PyTorch side: an ``IterableDataset`` that executes the epoch plan and yields ready batches.
+
+Batches are formed inside the dataset (use ``DataLoader(ds, batch_size=None, ...)``) because
+which samples go together is the plan's business: a batch is cut from chunks that are resident
+together. Each worker process, and each DDP rank, plans its own disjoint share of the chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .metrics import LoaderMetrics
+from .plan import (
+    COL,
+    ROW,
+    SCENE,
+    Edge,
+    EpochPlan,
+    PlanSpec,
+    SampleTable,
+    label_windows,
+    plan_epoch,
+    random_windows,
+    sliding_windows,
+)
+from .reader import ChunkReader, ReaderConfig
+from .sources import ChunkSource, ProductError, ProductLike, open_sources
+from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
+from .storage import DiskCache, S3Options
+
+__all__ = ["CubeDataset", "Sampling"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Which windows an epoch serves.
+
+    ``mode``: ``"sliding"`` (every ``stride`` pixels over the valid chunks), ``"labels"``
+    (centred on each pixel whose label is not ``ignore_label``), ``"random"`` (``count`` windows
+    per scene, new positions every epoch). ``edge``: ``"drop"`` windows reaching past the raster,
+    or ``"pad"`` them with ``Spectral.fill``. ``labels``: ``"center"`` (class of the centre
+    pixel), ``"dense"`` (the window's label patch, ``-1`` outside the raster) or ``"none"``.
+    """
+
+    mode: Literal["sliding", "labels", "random"] = "sliding"
+    size: int | tuple[int, int] = 32
+    stride: int | tuple[int, int] | None = None
+    edge: Edge = "drop"
+    count: int = 1024
+    ignore_label: int = 0
+    labels: Literal["center", "dense", "none"] = "center"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sliding", "labels", "random"):
+            raise ValueError(f"sampling mode must be 'sliding', 'labels' or 'random', got {self.mode!r}")
+        if self.edge not in ("drop", "pad"):
+            raise ValueError(f"edge must be 'drop' or 'pad', got {self.edge!r}")
+        if self.labels not in ("center", "dense", "none"):
+            raise ValueError(f"labels must be 'center', 'dense' or 'none', got {self.labels!r}")
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return (self.size, self.size) if isinstance(self.size, int) else (int(self.size[0]), int(self.size[1]))
+
+    @property
+    def step(self) -> tuple[int, int]:
+        s = self.stride if self.stride is not None else self.size
+        return (s, s) if isinstance(s, int) else (int(s[0]), int(s[1]))
+
+
+def _delivery_skip(sizes: Sequence[int], worker: int, batches_done: int) -> int:
+    """How many of ``worker``'s batches a DataLoader delivered among its first ``batches_done``.
+
+    With an ``IterableDataset`` the DataLoader takes batches from its workers in turn, skipping
+    workers that are done, so batch ``j`` of worker ``w`` is delivered at position
+    ``sum_v min(j, n_v) + #{v < w : n_v > j}``.
+    """
+    n = list(sizes)
+    skip = 0
+    for j in range(n[worker]):
+        pos = sum(min(j, nv) for nv in n) + sum(1 for v in range(worker) if n[v] > j)
+        if pos >= batches_done:
+            break
+        skip += 1
+    return skip
+
+
+class CubeDataset(IterableDataset[dict[str, Any]]):
+    """Batches of windows cut from hyperspectral products, planned so each chunk is decoded once per epoch.
+
+    ``products``: lake scene folders, catalog search hits, STAC items, ``.zarr`` stores, refs or
+    COGs (local or ``s3://``). Yields dicts: ``image`` ``(batch, band, h, w)`` float tensor,
+    ``label`` (``(batch,)`` or ``(batch, h, w)`` int64, ``-1`` = none), ``scene`` (ids),
+    ``window`` ``(batch, 4)`` = row, col, height, width in the scene's pixels, and ``epoch``,
+    ``cursor`` (the batch's position in the epoch, for :meth:`state_dict`).
+    """
+
+    def __init__(self, products: Sequence[ProductLike] | Iterable[ProductLike], *, sampling: Sampling | None = None,
+                 spectral: Spectral | None = None, plan: PlanSpec | None = None, reader: ReaderConfig | None = None,
+                 prefetch: int = 8, disk_cache: str | Path | None = None, rank: int | None = None,
+                 world_size: int | None = None, storage_options: S3Options | None = None,
+                 prefer: Sequence[str] = ("zarr", "refs", "cog"), labels: Sequence[str | Path | None] | None = None,
+                 stats_chunks: int = 4) -> None:
+        super().__init__()
+        self.sampling = sampling or Sampling()
+        self.spectral = spectral or Spectral()
+        self.plan_spec = plan or PlanSpec()
+        self.reader_config = reader or ReaderConfig()
+        self.prefetch = max(0, int(prefetch))
+        self.disk_cache = str(disk_cache) if disk_cache is not None else None
+        prods = list(products)
+        if not prods:
+            raise ProductError("no products given to the loader (an empty catalog search?)")
+        label_paths = list(labels) if labels is not None else [None] * len(prods)
+        self.sources: list[ChunkSource] = [
+            open_sources([p], storage_options=storage_options, prefer=prefer, labels=lp)[0]
+            for p, lp in zip(prods, label_paths, strict=True)]
+        self.grids = [s.grid for s in self.sources]
+        self._rank, self._world = rank, world_size
+        self._bands = [select_bands(s.wavelengths_nm, self.spectral.wavelength_ranges_nm, s.url) for s in self.sources]
+        counts = {s.scene_id: (s.n_bands if b is None else b.size) for s, b in zip(self.sources, self._bands, strict=True)}
+        if len(set(counts.values())) > 1:
+            raise ProductError(f"scenes give different band counts after selection ({counts}); a batch needs one "
+                               "band axis: select a wavelength range every scene covers with the same bands")
+        self.n_bands = next(iter(counts.values()))
+        self._labels = self._load_labels()
+        self._norm = self._normalisation(stats_chunks)
+        self._table_fixed = self._build_table(0) if self.sampling.mode != "random" else None
+        self._epoch_base = 0
+        self._iters = 0
+        self._resume: dict[str, Any] | None = None
+        self._reader: ChunkReader | None = None
+        self._last_metrics: LoaderMetrics | None = None
+        self._consumer: dict[int, tuple[float, float]] = {}
+        self._metrics_dir = tempfile.mkdtemp(prefix="cubelake-loader-metrics-")
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._metrics_dir, True)
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    def _load_labels(self) -> list[np.ndarray | None]:
+        need = self.sampling.mode == "labels" or self.sampling.labels != "none"
+        out = [s.labels() if need else None for s in self.sources]
+        if self.sampling.mode == "labels":
+            missing = [s.scene_id for s, lab in zip(self.sources, out, strict=True) if lab is None]
+            if missing:
+                raise ProductError(f"sampling mode 'labels' needs a label raster, and scenes {missing} have none; "
+                                   "ingest with --labels, or pass labels=[...] on each scene's grid")
+        return out
+
+    def _normalisation(self, stats_chunks: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        if self.spectral.normalize == "none":
+            return [None] * len(self.sources)
+        stats = []
+        for i, s in enumerate(self.sources):
+            st = s.stats
+            if st is None or not np.isfinite(st["mean"]).all() or not np.isfinite(st["std"]).all():
+                st = self._compute_stats(i, stats_chunks)
+                s.stats = st
+            b = self._bands[i]
+            m, sd = (st["mean"], st["std"]) if b is None else (st["mean"][b], st["std"][b])
+            stats.append((np.nan_to_num(m), np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)))
+        if self.spectral.normalize == "global":
+            n = np.array([s.grid.height * s.grid.width for s in self.sources], float)[:, None]
+            means = np.stack([m for m, _ in stats])
+            var = np.stack([sd**2 for _, sd in stats])
+            gm = (n * means).sum(0) / n.sum()
+            gv = (n * (var + (means - gm) ** 2)).sum(0) / n.sum()
+            stats = [(gm, np.sqrt(np.where(gv > 0, gv, 1.0)))] * len(self.sources)
+        return [(m.astype(np.float32), sd.astype(np.float32)) for m, sd in stats]
+
+    def _compute_stats(self, i: int, n_chunks: int) -> dict[str, np.ndarray]:
+        """Per-band physical mean/std from up to ``n_chunks`` stored chunks spread over the scene."""
+        src = self.sources[i]
+        valid = src.valid_chunks()
+        ids = np.flatnonzero(valid.ravel()) if valid is not None else np.arange(src.grid.n_chunks)
+        if ids.size == 0:
+            raise ProductError(f"{src.url}: no stored chunk to compute band statistics from (the scene is all nodata)")
+        pick = ids[np.linspace(0, ids.size - 1, min(n_chunks, ids.size)).round().astype(int)]
+        reader = ChunkReader([src], replace(self.reader_config, strict=True), LoaderMetrics())
+        try:
+            reader.request([(0, int(k)) for k in pick])
+            vals = []
+            for k in pick:
+                a = reader.get((0, int(k)))
+                assert a is not None  # strict mode raises instead
+                vals.append(a.reshape(a.shape[0], -1))
+        finally:
+            reader.close()
+        raw = np.concatenate(vals, axis=1)
+        ok = np.ones(raw.shape, bool) if src.fill_value is None else ~self._is_fill(raw, src.fill_value)
+        phys = raw.astype(np.float64) * src.scale + src.add_offset
+        log.info("%s: band statistics computed from %d chunks (none recorded at ingest)", src.url, len(pick))
+        return band_stats(phys, ok & np.isfinite(phys))
+
+    @staticmethod
+    def _is_fill(raw: np.ndarray, fill: float) -> np.ndarray:
+        return np.isnan(raw) if np.isnan(fill) else raw == np.asarray(fill).astype(raw.dtype)
+
+    def _build_table(self, epoch: int) -> SampleTable:
+        sm = self.sampling
+        size = sm.window
+        tables = []
+        for i, s in enumerate(self.sources):
+            g = s.grid
+            if sm.mode == "sliding":
+                tables.append(sliding_windows(i, g, size, sm.step, sm.edge, s.valid_chunks()))
+            elif sm.mode == "random":
+                rng = np.random.default_rng([self.plan_spec.seed, epoch, i, 1])
+                tables.append(random_windows(i, g, size, sm.count, rng, s.valid_chunks()))
+            else:
+                lab = self._labels[i]
+                assert lab is not None
+                r, c = np.nonzero(lab != sm.ignore_label)
+                tables.append(label_windows(i, g, size, r, c, lab[r, c], sm.edge))
+        table = SampleTable.concat(size, tables)
+        if sm.labels == "center" and sm.mode != "labels":
+            table.labels = self._centre_labels(table)
+        return table
+
+    def _centre_labels(self, table: SampleTable) -> np.ndarray:
+        out = np.full(len(table), -1, np.int64)
+        for i, lab in enumerate(self._labels):
+            if lab is None:
+                continue
+            m = table.rows[:, SCENE] == i
+            r = table.rows[m, ROW] + table.size[0] // 2
+            c = table.rows[m, COL] + table.size[1] // 2
+            inside = (r >= 0) & (r < lab.shape[0]) & (c >= 0) & (c < lab.shape[1])
+            vals = np.full(r.size, -1, np.int64)
+            vals[inside] = lab[r[inside], c[inside]]
+            out[m] = vals
+        return out
+
+    def table(self, epoch: int = 0) -> SampleTable:
+        """The epoch's samples (fixed for sliding/label sampling, drawn anew per epoch for random)."""
+        return self._table_fixed if self._table_fixed is not None else self._build_table(epoch)
+
+    # -- epochs and state ---------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (for non-persistent workers; persistent ones count on)."""
+        self._epoch_base, self._iters = int(epoch), 0
+
+    def _shard(self) -> tuple[int, int, int, int]:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world = self._rank, self._world
+        if rank is None or world is None:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            else:
+                rank, world = 0, 1
+        return rank, world, wid, nw
+
+    def plan(self, epoch: int = 0, *, rank: int = 0, world_size: int = 1, worker: int = 0,
+             num_workers: int = 1) -> EpochPlan:
+        """The plan one shard executes in ``epoch`` (pure; for inspection and tests)."""
+        return plan_epoch(self.grids, self.table(epoch), self.plan_spec, epoch, rank=rank, world_size=world_size,
+                          worker=worker, num_workers=num_workers)
+
+    def state_dict(self, last_batch: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Where to resume: after ``last_batch`` (the last batch the training loop consumed)."""
+        if last_batch is None:
+            return {"seed": self.plan_spec.seed, "epoch": self._epoch_base + self._iters, "batches_done": 0,
+                    "num_workers": None}
+        return {"seed": self.plan_spec.seed, "epoch": int(last_batch["epoch"]),
+                "batches_done": int(last_batch["cursor"]) + 1, "num_workers": int(last_batch["num_workers"]),
+                "world_size": int(last_batch["world_size"])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume mid-epoch: the next iteration serves exactly the samples not yet consumed.
+
+        Call before the DataLoader starts its workers, with the same ``num_workers`` and world size.
+        """
+        if int(state["seed"]) != self.plan_spec.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this dataset has seed {self.plan_spec.seed}")
+        self._epoch_base, self._iters = int(state["epoch"]), 0
+        self._resume = dict(state) if int(state.get("batches_done") or 0) > 0 else None
+
+    # -- iteration ----------------------------------------------------------------------------------
+
+    def _get_reader(self, metrics: LoaderMetrics) -> ChunkReader:
+        if self._reader is None:
+            disk = DiskCache(self.disk_cache) if self.disk_cache else None
+            self._reader = ChunkReader(self.sources, self.reader_config, metrics, disk)
+        self._reader.new_epoch(metrics)
+        return self._reader
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reader"] = None  # threads and caches stay in their process
+        state["_finalizer"] = None
+        return state
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        rank, world, wid, nw = self._shard()
+        epoch = self._epoch_base + self._iters
+        self._iters += 1
+        skip = 0
+        resume = self._resume
+        self._resume = None
+        plan = plan_epoch(self.grids, self.table(epoch), self.plan_spec, epoch, rank=rank, world_size=world,
+                          worker=wid, num_workers=nw)
+        bs = self.plan_spec.batch_size
+        sizes = plan.worker_sizes
+        nbatches = [(n // bs if self.plan_spec.drop_last else -(-n // bs)) for n in sizes]
+        if resume is not None:
+            if int(resume["num_workers"]) != nw or int(resume.get("world_size", world)) != world:
+                raise ValueError(f"state was saved with {resume['num_workers']} workers x {resume.get('world_size')} "
+                                 f"ranks; resume with the same (now {nw} x {world})")
+            skip = _delivery_skip(nbatches, wid, int(resume["batches_done"]))
+        return self._run(plan, epoch, skip, nbatches, wid, nw, world)
+
+    def _run(self, plan: EpochPlan, epoch: int, skip: int, nbatches: list[int], wid: int, nw: int,
+             world: int) -> Iterator[dict[str, Any]]:
+        metrics = LoaderMetrics(epoch=epoch)
+        reader = self._get_reader(metrics)
+        table = self.table(epoch)
+        bs = self.plan_spec.batch_size
+        n = len(plan) if not self.plan_spec.drop_last else nbatches[wid] * bs
+        chunks = [(int(s), int(c)) for s, c in plan.chunks]
+        by_last = np.argsort(plan.last_use, kind="stable")
+        next_req = 0
+        next_rel = 0
+        start = skip * bs
+        # chunks only the skipped samples needed are never loaded
+        while next_req < len(chunks) and plan.last_use[next_req] < start:
+            next_req += 1
+        while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < start:
+            next_rel += 1
+        t_start = time.perf_counter()
+        busy = 0.0
+        last_save = t_start
+        path = Path(self._metrics_dir) / f"epoch{epoch}-worker{wid}.json"
+        for b in range(skip, nbatches[wid]):
+            t0 = time.perf_counter()
+            lo, hi = b * bs, min((b + 1) * bs, n)
+            need = []
+            while next_req < len(chunks) and plan.first_use[next_req] < hi:
+                if plan.last_use[next_req] >= lo:
+                    need.append(chunks[next_req])
+                next_req += 1
+            reader.request(need)
+            ahead = []
+            j = next_req
+            while j < len(chunks) and len(ahead) < self.prefetch and reader.has_room(chunks[j]):
+                ahead.append(chunks[j])
+                j += 1
+            reader.request(ahead)
+            next_req = j
+            batch = self._assemble(plan, table, lo, hi, chunks, reader, metrics)
+            while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
+                reader.release(chunks[by_last[next_rel]])
+                next_rel += 1
+            batch.update(epoch=epoch, cursor=self._cursor(nbatches, wid, b), worker=wid, num_workers=nw, world_size=world)
+            metrics.batches += 1
+            now = time.perf_counter()
+            busy += now - t0
+            metrics.wall_s = now - t_start
+            metrics.wait_s = busy if get_worker_info() is None else metrics.wait_s
+            if now - last_save > 0.5:
+                metrics.save(path)
+                last_save = now
+            yield batch
+        metrics.wall_s = time.perf_counter() - t_start
+        if get_worker_info() is None:
+            metrics.wait_s = busy
+        metrics.save(path)
+        self._last_metrics = metrics
+
+    @staticmethod
+    def _cursor(nbatches: Sequence[int], wid: int, j: int) -> int:
+        return sum(min(j, nv) for nv in nbatches) + sum(1 for v in range(wid) if nbatches[v] > j)
+
+    def _assemble(self, plan: EpochPlan, table: SampleTable, lo: int, hi: int, chunks: list[tuple[int, int]],
+                  reader: ChunkReader, metrics: LoaderMetrics) -> dict[str, Any]:
+        h, w = table.size
+        idx = plan.order[lo:hi]
+        rows = table.rows[idx]
+        out = np.full((idx.size, self.n_bands, h, w), np.nan, np.float32)
+        keep = np.ones(idx.size, bool)
+        used = 0
+        t_wait = metrics.wait_s
+        t0 = time.perf_counter()
+        for i in range(idx.size):
+            s, r, c = (int(v) for v in rows[i])
+            src = self.sources[s]
+            g = src.grid
+            bands = self._bands[s]
+            for cpos in plan.chunks_of(lo + i):
+                arr = reader.get(chunks[int(cpos)])
+                if arr is None:
+                    keep[i] = False
+                    break
+                cy, cx = divmod(chunks[int(cpos)][1], g.nx)
+                y0, x0 = cy * g.chunk_h, cx * g.chunk_w
+                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_h, g.height)
+                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_w, g.width)
+                if ry0 >= ry1 or rx0 >= rx1:
+                    continue
+                part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
+                if bands is not None:
+                    part = part[bands]
+                dst = out[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
+                dst[...] = part
+                if src.fill_value is not None:
+                    dst[self._is_fill(part, src.fill_value)] = np.nan
+                used += part.nbytes
+        dropped = int((~keep).sum())
+        if dropped:
+            out, idx, rows = out[keep], idx[keep], rows[keep]
+        # physical units, then normalisation, per scene
+        scenes = rows[:, SCENE]
+        for s in np.unique(scenes):
+            src = self.sources[int(s)]
+            m = scenes == s
+            x = out[m]
+            if src.scale != 1.0 or src.add_offset != 0.0:
+                x = x * np.float32(src.scale) + np.float32(src.add_offset)
+            norm = self._norm[int(s)]
+            if norm is not None:
+                x = (x - norm[0][None, :, None, None]) / norm[1][None, :, None, None]
+            out[m] = x
+        np.nan_to_num(out, copy=False, nan=self.spectral.fill, posinf=self.spectral.fill, neginf=self.spectral.fill)
+        if self.spectral.projection is not None:
+            out = self.spectral.projection.apply(out)
+        image = torch.from_numpy(np.ascontiguousarray(out, dtype=np.dtype(self.spectral.dtype)))
+        label = self._batch_labels(table, idx, rows)
+        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=dropped,
+                    assemble_s=time.perf_counter() - t0 - (metrics.wait_s - t_wait))
+        window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
+        return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
+                "window": torch.from_numpy(window.astype(np.int64))}
+
+    def _batch_labels(self, table: SampleTable, idx: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+        if self.sampling.labels != "dense":
+            return torch.from_numpy(table.labels[idx].astype(np.int64))
+        h, w = table.size
+        out = np.full((idx.size, h, w), -1, np.int64)
+        for i in range(idx.size):
+            s, r, c = (int(v) for v in rows[i])
+            lab = self._labels[s]
+            if lab is None:
+                continue
+            y0, y1 = max(r, 0), min(r + h, lab.shape[0])
+            x0, x1 = max(c, 0), min(c + w, lab.shape[1])
+            if y0 < y1 and x0 < x1:
+                out[i, y0 - r:y1 - r, x0 - c:x1 - c] = lab[y0:y1, x0:x1]
+        return torch.from_numpy(out)
+
+    # -- metrics ------------------------------------------------------------------------------------
+
+    def timed(self, batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Iterate ``batches`` (e.g. a DataLoader over this dataset), timing how long the consumer waits."""
+        it = iter(batches)
+        t_start = time.perf_counter()
+        waited = 0.0
+        epoch = None
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            waited += time.perf_counter() - t0
+            epoch = int(batch["epoch"])
+            self._consumer[epoch] = (waited, time.perf_counter() - t_start)
+            yield batch
+        if epoch is not None:
+            self._consumer[epoch] = (waited, time.perf_counter() - t_start)
+
+    def metrics(self, epoch: int | None = None) -> LoaderMetrics:
+        """The epoch's counters, merged over this process's workers (latest epoch by default)."""
+        import json
+
+        files = sorted(Path(self._metrics_dir).glob("epoch*-worker*.json"))
+        epochs = sorted({int(f.name[5:].split("-")[0]) for f in files})
+        if not epochs and self._last_metrics is not None:
+            return self._last_metrics
+        if epoch is None:
+            if not epochs:
+                return LoaderMetrics()
+            epoch = epochs[-1]
+        parts = [LoaderMetrics.from_dict(json.loads(f.read_text())) for f in files
+                 if f.name.startswith(f"epoch{epoch}-")]
+        merged = LoaderMetrics.merge(parts)
+        merged.epoch = epoch
+        if epoch in self._consumer:
+            merged.wait_s, merged.wall_s = self._consumer[epoch]
+        return merged
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def fit_projection(self, k: int, max_batches: int = 8, pixels_per_sample: int = 16) -> Projection:
+        """PCA of spectra drawn from the first ``max_batches`` batches of epoch 0 (in this process)."""
+        saved = (self.spectral, self._epoch_base, self._iters)
+        self.spectral = replace(self.spectral, projection=None)
+        self.set_epoch(0)
+        rng = np.random.default_rng(self.plan_spec.seed)
+        spectra = []
+        try:
+            for b, batch in enumerate(self):
+                x = batch["image"].float().numpy()
+                flat = x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1])
+                pick = rng.choice(flat.shape[0], min(flat.shape[0], pixels_per_sample * x.shape[0]), replace=False)
+                spectra.append(flat[pick])
+                if b + 1 >= max_batches:
+                    break
+        finally:
+            self.spectral, self._epoch_base, self._iters = saved
+        return fit_pca(np.concatenate(spectra), k)
+
+    def n_samples(self, epoch: int = 0) -> int:
+        """Samples per epoch over all shards (before any equal-count trimming across ranks)."""
+        return len(self.table(epoch))

@@ -1,0 +1,118 @@
+"""What a loader did in an epoch: samples, requests, bytes, cache behaviour, and where the time went."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LoaderMetrics"]
+
+_ADDITIVE = ("samples", "batches", "requests", "bytes_fetched", "bytes_decoded", "bytes_used", "chunks_decoded",
+             "redecodes", "cache_hits", "cache_misses", "disk_hits", "disk_misses", "failed_chunks",
+             "dropped_samples", "retries", "fetch_s", "decode_s", "wait_s", "assemble_s")
+
+
+@dataclass
+class LoaderMetrics:
+    """Counters of one epoch (of one worker, or merged over workers and ranks).
+
+    ``bytes_fetched``: compressed bytes read from storage (coalescing gaps included).
+    ``bytes_decoded``: bytes of decoded chunks. ``bytes_used``: bytes of stored pixels that ended
+    up in samples. ``wait_s``: time the consumer waited for the loader; ``wall_s``: the epoch's
+    wall time as the consumer saw it, so ``stall_fraction = wait_s / wall_s``.
+    """
+
+    epoch: int = 0
+    samples: int = 0
+    batches: int = 0
+    requests: int = 0
+    bytes_fetched: int = 0
+    bytes_decoded: int = 0
+    bytes_used: int = 0
+    chunks_decoded: int = 0
+    redecodes: int = 0  # chunks decoded again in the same epoch (resident budget too small)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    failed_chunks: int = 0
+    dropped_samples: int = 0
+    retries: int = 0
+    fetch_s: float = 0.0
+    decode_s: float = 0.0
+    wait_s: float = 0.0
+    assemble_s: float = 0.0
+    wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, **kw: float) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def stall_fraction(self) -> float:
+        return min(1.0, self.wait_s / self.wall_s) if self.wall_s > 0 else 0.0
+
+    @property
+    def read_amplification(self) -> float:
+        """Compressed bytes read per byte of stored pixels used."""
+        return self.bytes_fetched / self.bytes_used if self.bytes_used else 0.0
+
+    @property
+    def decode_amplification(self) -> float:
+        return self.bytes_decoded / self.bytes_used if self.bytes_used else 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        n = self.cache_hits + self.cache_misses
+        return self.cache_hits / n if n else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(samples_per_s=self.samples_per_s, stall_fraction=self.stall_fraction,
+                 read_amplification=self.read_amplification, decode_amplification=self.decode_amplification)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoaderMetrics:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def merge(cls, parts: list[LoaderMetrics]) -> LoaderMetrics:
+        """Counters summed; wall time is the longest part's (workers run side by side)."""
+        out = cls(epoch=max((p.epoch for p in parts), default=0))
+        for p in parts:
+            for k in _ADDITIVE:
+                setattr(out, k, getattr(out, k) + getattr(p, k))
+            out.wall_s = max(out.wall_s, p.wall_s)
+        return out
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+    def report(self) -> str:
+        mb = 1024 * 1024
+        return "\n".join([
+            f"epoch {self.epoch}: {self.samples} samples in {self.batches} batches, {self.wall_s:.2f} s "
+            f"({self.samples_per_s:,.0f} samples/s), stall {self.stall_fraction:.1%} (waited {self.wait_s:.2f} s)",
+            f"  storage: {self.requests} requests, {self.bytes_fetched / mb:,.1f} MiB fetched "
+            f"({self.read_amplification:.2f} per byte used), disk cache {self.disk_hits} hits / {self.disk_misses} misses",
+            f"  decode: {self.chunks_decoded} chunks ({self.redecodes} again), {self.bytes_decoded / mb:,.1f} MiB decoded "
+            f"({self.decode_amplification:.2f} per byte used), memory cache {self.cache_hits} hits / {self.cache_misses} misses",
+            f"  time: fetch {self.fetch_s:.2f} s, decode {self.decode_s:.2f} s (thread time), assemble {self.assemble_s:.2f} s",
+            f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped",
+        ])

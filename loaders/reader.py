@@ -1,0 +1,323 @@
+"""Fetch and decode chunks concurrently, ahead of the consumer, into a bounded cache of decoded chunks.
+
+This is the loader's engine; it is ours because no library does the part that matters: knowing
+the epoch plan, it fetches the chunks the next batches need (coalescing adjacent byte ranges of
+one file into one request), decodes them on a thread pool (numcodecs/imagecodecs release the GIL),
+keeps each decoded chunk until its last sample has been cut, then lets it go. A byte budget
+bounds the decoded chunks held plus those in flight; an optional disk cache keeps the compressed
+bytes for later epochs and other processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from cubelake.errors import CubelakeError
+
+from .metrics import LoaderMetrics
+from .sources import ChunkSource, Piece
+from .storage import ByteStore, DiskCache, Range, coalesce, open_bytes
+
+__all__ = ["ChunkKey", "ChunkReadError", "ChunkReader", "ReaderConfig"]
+
+log = logging.getLogger(__name__)
+
+ChunkKey = tuple[int, int]  # (scene index, flat chunk id = cy * nx + cx)
+
+
+class ChunkReadError(CubelakeError, OSError):
+    """A chunk that could not be fetched or decoded after every retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    """``cache_bytes``: budget of decoded chunks held plus in flight. ``threads``: fetch/decode threads.
+
+    ``max_gap``: byte gap up to which neighbouring ranges of one file are read in one request.
+    ``group``: most chunks per coalesced request. ``retries``/``backoff_s``: attempts after the
+    first, with exponential backoff. ``strict``: raise on a failed chunk instead of dropping it.
+    """
+
+    cache_bytes: int = 1024 * 1024 * 1024
+    threads: int = 2
+    max_gap: int = 0
+    group: int = 4
+    retries: int = 2
+    backoff_s: float = 0.05
+    strict: bool = False
+
+
+class ChunkReader:
+    """Concurrent, budgeted chunk fetching and decoding for one process."""
+
+    def __init__(self, sources: Sequence[ChunkSource], config: ReaderConfig, metrics: LoaderMetrics,
+                 disk_cache: DiskCache | None = None) -> None:
+        self.sources = list(sources)
+        self.config = config
+        self.metrics = metrics
+        self.disk = disk_cache
+        self._pool = ThreadPoolExecutor(max(1, config.threads), thread_name_prefix="cubelake-chunk")
+        self._lock = threading.Lock()
+        self._mem: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()
+        self._pinned: set[ChunkKey] = set()
+        self._inflight: dict[ChunkKey, Future[np.ndarray]] = {}
+        self._held = 0  # bytes of decoded chunks in _mem
+        self._reserved = 0  # bytes of chunks in flight
+        self._decoded: set[ChunkKey] = set()
+        self._failed: set[ChunkKey] = set()
+        self._stores: dict[str, tuple[ByteStore, str]] = {}
+
+    # -- epoch --------------------------------------------------------------------------------------
+
+    def new_epoch(self, metrics: LoaderMetrics) -> None:
+        with self._lock:
+            self.metrics = metrics
+            self._decoded.clear()
+            self._failed.clear()
+            self._pinned.clear()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- budget -------------------------------------------------------------------------------------
+
+    def _nbytes(self, key: ChunkKey) -> int:
+        return self.sources[key[0]].chunk_nbytes
+
+    def has_room(self, key: ChunkKey) -> bool:
+        """Whether prefetching ``key`` fits the budget (released chunks count as free)."""
+        with self._lock:
+            pinned = sum(a.nbytes for k, a in self._mem.items() if k in self._pinned)
+            return pinned + self._reserved + self._nbytes(key) <= self.config.cache_bytes
+
+    def _evict(self) -> None:
+        """Drop released chunks (least recently used first), then needed ones if the budget demands."""
+        budget = self.config.cache_bytes
+        if self._held + self._reserved <= budget:
+            return
+        for pinned_too in (False, True):
+            for k in list(self._mem):
+                if self._held + self._reserved <= budget:
+                    return
+                if pinned_too or k not in self._pinned:
+                    self._held -= self._mem.pop(k).nbytes
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def pin(self, key: ChunkKey) -> None:
+        with self._lock:
+            self._pinned.add(key)
+
+    def release(self, key: ChunkKey) -> None:
+        with self._lock:
+            self._pinned.discard(key)
+            self._evict()
+
+    def request(self, keys: Sequence[ChunkKey]) -> None:
+        """Start loading whichever of ``keys`` are neither held nor in flight."""
+        todo: list[ChunkKey] = []
+        with self._lock:
+            for k in keys:
+                self._pinned.add(k)
+                if k in self._mem:
+                    self._mem.move_to_end(k)
+                elif k not in self._inflight and k not in self._failed:
+                    fut: Future[np.ndarray] = Future()
+                    self._inflight[k] = fut
+                    self._reserved += self._nbytes(k)
+                    todo.append(k)
+        if not todo:
+            return
+        for group in self._groups(todo):
+            self._pool.submit(self._load_group, group)
+
+    def get(self, key: ChunkKey) -> np.ndarray | None:
+        """The decoded chunk ``(band, y, x)``; ``None`` if it failed (and ``strict`` is off)."""
+        with self._lock:
+            arr = self._mem.get(key)
+            if arr is not None:
+                self._mem.move_to_end(key)
+                self.metrics.cache_hits += 1
+                return arr
+            if key in self._failed:
+                return None
+            fut = self._inflight.get(key)
+        if fut is None:
+            self.request([key])
+            with self._lock:
+                arr = self._mem.get(key)
+                fut = self._inflight.get(key)
+            if arr is not None:
+                return arr
+            if fut is None:
+                return None
+        self.metrics.add(cache_misses=1)
+        t0 = time.perf_counter()
+        try:
+            return fut.result()
+        except ChunkReadError:
+            if self.config.strict:
+                raise
+            return None
+        finally:
+            self.metrics.add(wait_s=time.perf_counter() - t0)
+
+    # -- loading ------------------------------------------------------------------------------------
+
+    def _store(self, url: str, src: ChunkSource) -> tuple[ByteStore, str]:
+        hit = self._stores.get(url)
+        if hit is None:
+            hit = open_bytes(url, src.storage_options)
+            self._stores[url] = hit
+        return hit
+
+    def _pieces(self, key: ChunkKey) -> list[Piece]:
+        src = self.sources[key[0]]
+        cy, cx = divmod(key[1], src.grid.nx)
+        return src.pieces(cy, cx)
+
+    def _groups(self, keys: Sequence[ChunkKey]) -> list[list[ChunkKey]]:
+        """Chunks whose pieces are all ranges of one file within ``max_gap`` of each other load together."""
+        if self.config.group <= 1:
+            return [[k] for k in keys]
+        spans: list[tuple[str, int, int, ChunkKey]] = []
+        singles: list[list[ChunkKey]] = []
+        for k in keys:
+            ps = self._pieces(k)
+            if ps and all(p.length >= 0 and p.url == ps[0].url for p in ps):
+                spans.append((ps[0].url, min(p.offset for p in ps), max(p.offset + p.length for p in ps), k))
+            else:
+                singles.append([k])
+        groups: list[list[ChunkKey]] = []
+        by_url: dict[str, list[tuple[str, int, int, ChunkKey]]] = {}
+        for s in spans:
+            by_url.setdefault(s[0], []).append(s)
+        for items in by_url.values():
+            merged = coalesce([Range(s, e, k) for _, s, e, k in items], self.config.max_gap)
+            for _, _, members in merged:
+                ks = [m.tag for m in members]
+                groups.extend(ks[i:i + self.config.group] for i in range(0, len(ks), self.config.group))
+        return groups + singles
+
+    def _load_group(self, keys: list[ChunkKey]) -> None:
+        attempts = self.config.retries + 1
+        for attempt in range(attempts):
+            try:
+                raw = self._fetch(keys)
+                break
+            except (OSError, ValueError, RuntimeError) as e:  # storage and transport errors
+                if attempt + 1 < attempts:
+                    self.metrics.add(retries=1)
+                    time.sleep(self.config.backoff_s * 2**attempt)
+                    continue
+                if len(keys) > 1:  # isolate the bad chunk: retry each on its own
+                    for k in keys:
+                        self._load_group([k])
+                    return
+                self._fail(keys[0], e)
+                return
+        for k, parts in zip(keys, raw, strict=True):
+            self._decode(k, parts)
+
+    def _fetch(self, keys: list[ChunkKey]) -> list[list[tuple[Piece, bytes | memoryview]]]:
+        """Compressed bytes of each chunk's pieces: from the disk cache, else coalesced range reads."""
+        out: list[list[tuple[Piece, bytes | memoryview]]] = []
+        missing: dict[str, list[Range]] = {}
+        src_of: dict[str, ChunkSource] = {}
+        whole: list[tuple[int, int, Piece]] = []
+        for ci, k in enumerate(keys):
+            parts: list[tuple[Piece, bytes | memoryview]] = []
+            src = self.sources[k[0]]
+            for pi, p in enumerate(self._pieces(k)):
+                data = None
+                if self.disk is not None:
+                    data = self.disk.get(DiskCache.key(p.url, p.offset, p.length, src.version))
+                    self.metrics.add(**({"disk_hits": 1} if data is not None else {"disk_misses": 1}))
+                parts.append((p, data if data is not None else b""))
+                if data is None:
+                    if p.length < 0:
+                        whole.append((ci, pi, p))
+                    else:
+                        missing.setdefault(p.url, []).append(Range(p.offset, p.offset + p.length, (ci, pi)))
+                        src_of[p.url] = src
+            out.append(parts)
+        t0 = time.perf_counter()
+        fetched = 0
+        requests = 0
+        for ci, pi, p in whole:
+            store, path = self._store(p.url, self.sources[keys[ci][0]])
+            data = store.get(path)
+            out[ci][pi] = (p, data)
+            fetched += len(data)
+            requests += 1
+        for url, ranges in missing.items():
+            store, path = self._store(url, src_of[url])
+            merged = coalesce(ranges, self.config.max_gap)
+            bufs = store.get_ranges(path, [s for s, _, _ in merged], [e for _, e, _ in merged])
+            for (s, e, members), buf in zip(merged, bufs, strict=True):
+                if len(buf) != e - s:
+                    raise OSError(f"{url}: got {len(buf)} bytes for range {s}-{e}")
+                view = memoryview(buf)
+                for m in members:
+                    ci, pi = m.tag
+                    out[ci][pi] = (out[ci][pi][0], view[m.start - s: m.end - s])
+                fetched += e - s
+                requests += 1
+        self.metrics.add(fetch_s=time.perf_counter() - t0, bytes_fetched=fetched, requests=requests)
+        if self.disk is not None and (missing or whole):
+            for k, parts in zip(keys, out, strict=True):
+                v = self.sources[k[0]].version
+                for p, data in parts:
+                    self.disk.put(DiskCache.key(p.url, p.offset, p.length, v), data)
+        return out
+
+    def _decode(self, key: ChunkKey, parts: list[tuple[Piece, bytes | memoryview]]) -> None:
+        src = self.sources[key[0]]
+        t0 = time.perf_counter()
+        try:
+            if len(parts) == 1 and parts[0][0].band_start == 0 and parts[0][0].band_stop == src.n_bands:
+                arr = src.decoder(parts[0][1])
+            else:
+                arr = src.empty_chunk()
+                for p, data in parts:
+                    arr[p.band_start:p.band_stop] = src.decoder(data)[: p.band_stop - p.band_start]
+            if arr.shape != src.chunk_shape:
+                raise ValueError(f"decoded shape {arr.shape}, expected {src.chunk_shape}")
+        except (ValueError, RuntimeError, TypeError, OSError) as e:  # codec errors (blosc, zstd, imagecodecs)
+            self._fail(key, e)
+            return
+        dt = time.perf_counter() - t0
+        with self._lock:
+            again = key in self._decoded
+            self._decoded.add(key)
+            self._mem[key] = arr
+            self._held += arr.nbytes
+            self._reserved -= self._nbytes(key)
+            fut = self._inflight.pop(key)
+            self._evict()
+        self.metrics.add(decode_s=dt, bytes_decoded=arr.nbytes, chunks_decoded=1, redecodes=int(again))
+        fut.set_result(arr)
+
+    def _fail(self, key: ChunkKey, error: BaseException) -> None:
+        src = self.sources[key[0]]
+        cy, cx = divmod(key[1], src.grid.nx)
+        msg = (f"{src.url}: chunk (row {cy}, col {cx}) of scene {src.scene_id} failed after "
+               f"{self.config.retries + 1} attempts: {error}")
+        with self._lock:
+            self._failed.add(key)
+            self._reserved -= self._nbytes(key)
+            fut = self._inflight.pop(key)
+        self.metrics.add(failed_chunks=1)
+        log.warning("%s", msg)
+        if not self.config.strict:
+            warnings.warn(msg + "; its samples are dropped (strict=True raises instead)", RuntimeWarning, stacklevel=2)
+        fut.set_exception(ChunkReadError(msg))

@@ -1,0 +1,416 @@
+"""A product as the loader sees it: a chunk grid, where each chunk's bytes are, and how to decode them.
+
+Three kinds, one interface (:class:`ChunkSource`):
+
+* ``zarr`` — a native Zarr v3 store (``<id>.zarr``, local or ``s3://``); metadata read by zarr-python.
+* ``refs`` — kerchunk references (``<id>.refs.json`` / ``.refs.parq``): chunks are byte ranges of TIFF
+  tiles; metadata through :mod:`cubelake.refs` (which checks the targets are allowed and unchanged).
+* ``cog`` — a tiled GeoTIFF: its references are built from the header (``cubelake.refs.build_refs``).
+
+Decoding uses the codecs' own libraries (numcodecs' blosc/zstd/gzip/crc32c, imagecodecs for TIFF
+tiles); the loader only decides which bytes to fetch, when, and where the result goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cubelake.errors import CubelakeError
+
+from .plan import ChunkGrid
+from .storage import S3Options, split_url
+
+__all__ = ["ChunkSource", "Piece", "ProductError", "ProductLike", "open_source", "open_sources"]
+
+log = logging.getLogger(__name__)
+
+ProductLike = Any  # str | Path | catalog SearchHit | STAC item dict
+PRODUCT_PREFERENCE = ("zarr", "refs", "cog")
+
+
+class ProductError(CubelakeError, ValueError):
+    """A product the loader cannot read (names the product, what is wrong, and what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Stored bytes of bands ``[band_start, band_stop)`` of one spatial chunk: ``length < 0`` = whole object."""
+
+    url: str
+    offset: int
+    length: int
+    band_start: int
+    band_stop: int
+
+
+Decoder = Callable[[bytes | memoryview], np.ndarray]
+
+
+@dataclass(slots=True)
+class ChunkSource:
+    """One scene's product: its grid, bands, encoding, and how to find and decode a chunk's bytes."""
+
+    scene_id: str
+    kind: str
+    url: str
+    grid: ChunkGrid
+    n_bands: int
+    band_chunk: int  # bands per stored chunk
+    dtype: np.dtype[Any]  # decoded (native byte order)
+    fill_value: float | None
+    scale: float
+    add_offset: float
+    wavelengths_nm: np.ndarray | None
+    fwhm_nm: np.ndarray | None
+    stats: dict[str, np.ndarray] | None  # physical per-band mean/std recorded at ingest
+    version: str  # changes when the product changes (disk-cache key)
+    locate: Callable[[int, int, int], tuple[str, int, int] | None] = field(repr=False)  # (band chunk, cy, cx)
+    decoder: Decoder = field(repr=False)
+    labels_loader: Callable[[], np.ndarray | None] = field(repr=False, default=lambda: None)
+    storage_options: S3Options | None = field(repr=False, default=None)
+    present: Callable[[], np.ndarray | None] = field(repr=False, default=lambda: None)
+
+    @property
+    def chunk_shape(self) -> tuple[int, int, int]:
+        return (self.n_bands, self.grid.chunk_h, self.grid.chunk_w)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return self.n_bands * self.grid.chunk_h * self.grid.chunk_w * self.dtype.itemsize
+
+    def pieces(self, cy: int, cx: int) -> list[Piece]:
+        """Where the chunk's bytes are; empty when no band chunk is stored (all fill)."""
+        out = []
+        for b in range(-(-self.n_bands // self.band_chunk)):
+            loc = self.locate(b, cy, cx)
+            if loc is not None:
+                out.append(Piece(loc[0], loc[1], loc[2], b * self.band_chunk, min(self.n_bands, (b + 1) * self.band_chunk)))
+        return out
+
+    def empty_chunk(self) -> np.ndarray:
+        fill = 0 if self.fill_value is None or (np.isnan(self.fill_value) and self.dtype.kind in "iu") else self.fill_value
+        return np.full(self.chunk_shape, fill, dtype=self.dtype)
+
+    def valid_chunks(self) -> np.ndarray | None:
+        """``(ny, nx)``: which chunks are stored (an absent chunk is all fill, so it holds no valid pixel)."""
+        return self.present()
+
+    def labels(self) -> np.ndarray | None:
+        return self.labels_loader()
+
+
+# -- codecs -------------------------------------------------------------------------------------------
+
+
+def _v3_decoder(codecs: Sequence[Any], dtype: np.dtype[Any], shape: tuple[int, ...], product: str) -> Decoder:
+    import numcodecs
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
+
+    steps: list[Callable[[Any], Any]] = []
+    endian = "little"
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    for c in codecs:
+        if isinstance(c, BytesCodec):
+            endian = c.endian.value if c.endian is not None else "little"
+        elif isinstance(c, BloscCodec):
+            steps.append(lambda b: numcodecs.blosc.decompress(b, np.empty(nbytes, np.uint8)))
+        elif isinstance(c, ZstdCodec):
+            steps.append(numcodecs.Zstd().decode)
+        elif isinstance(c, GzipCodec):
+            steps.append(numcodecs.GZip().decode)
+        elif isinstance(c, Crc32cCodec):
+            steps.append(numcodecs.CRC32C().decode)
+        else:
+            raise ProductError(f"{product}: codec {type(c).__name__} is not supported by the loader "
+                               "(supported: bytes, blosc, zstd, gzip, crc32c; sharded stores are not); "
+                               "re-ingest without --shard, or with the default codec")
+    file_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    bb = steps[::-1]
+
+    def decode(raw: bytes | memoryview) -> np.ndarray:
+        buf: Any = raw
+        for step in bb:
+            buf = step(buf)
+        a = np.frombuffer(buf, dtype=file_dtype).reshape(shape)
+        return a if file_dtype.isnative else a.astype(dtype)
+
+    return decode
+
+
+def _v2_decoder(zarray: dict[str, Any], shape: tuple[int, ...]) -> Decoder:
+    import numcodecs
+
+    import cubelake.refs  # noqa: F401  (registers the TIFF tile and imagecodecs codecs)
+
+    comp = numcodecs.get_codec(zarray["compressor"]) if zarray.get("compressor") else None
+    filters = [numcodecs.get_codec(f) for f in zarray.get("filters") or []][::-1]
+    dtype = np.dtype(zarray["dtype"])
+    order = zarray.get("order", "C")
+
+    def decode(raw: bytes | memoryview) -> np.ndarray:
+        buf: Any = comp.decode(raw) if comp is not None else raw
+        for f in filters:
+            buf = f.decode(buf)
+        a = buf if isinstance(buf, np.ndarray) and buf.dtype == dtype.newbyteorder("=") else np.frombuffer(buf, dtype=dtype)
+        a = a.reshape(shape, order=order)
+        return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+    return decode
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+def _scene_record(folder: Path) -> dict[str, Any] | None:
+    p = folder / "scene.json"
+    try:
+        return dict(json.loads(p.read_text()))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _stats_from_bands(bands: Sequence[dict[str, Any]]) -> dict[str, np.ndarray] | None:
+    try:
+        mean = np.array([np.nan if b.get("mean") is None else b["mean"] for b in bands], float)
+        std = np.array([np.nan if b.get("std") is None else b["std"] for b in bands], float)
+    except (TypeError, KeyError):
+        return None
+    return {"mean": mean, "std": std} if mean.size else None
+
+
+def _fill(v: Any) -> float | None:
+    if v is None or (isinstance(v, str) and v not in ("NaN", "Infinity", "-Infinity")):
+        return None
+    return float(v)
+
+
+def _cf(attrs: dict[str, Any]) -> tuple[float, float]:
+    return float(attrs.get("scale_factor", 1.0)), float(attrs.get("add_offset", 0.0))
+
+
+def _labels_tif(path: Path, shape: tuple[int, int]) -> Callable[[], np.ndarray | None]:
+    def load() -> np.ndarray | None:
+        import rasterio
+
+        with rasterio.open(path) as src:
+            if (src.height, src.width) != shape:
+                raise ProductError(f"{path}: label raster is {src.height}x{src.width}, the scene is "
+                                   f"{shape[0]}x{shape[1]}; give a label raster on the scene's grid")
+            return np.asarray(src.read(1))
+    return load
+
+
+# -- openers ------------------------------------------------------------------------------------------
+
+
+def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None) -> ChunkSource:
+    import zarr
+    from zarr.codecs import ShardingCodec
+
+    scheme, bucket, key = split_url(url)
+    if scheme == "s3":
+        from obstore.store import S3Store
+        from zarr.storage import ObjectStore
+
+        from cubelake.refs.store import s3_config
+
+        cfg, client = s3_config(options)
+        store: Any = ObjectStore(S3Store(bucket, prefix=key, config=cfg, client_options=client), read_only=True)  # type: ignore[arg-type]
+    else:
+        store = key
+    try:
+        group = zarr.open_group(store, mode="r")
+        arr = group["data"]
+    except (FileNotFoundError, KeyError) as e:
+        raise ProductError(f"{url}: not a cubelake Zarr store (no 'data' array: {e}); give a <id>.zarr folder") from None
+    md = arr.metadata
+    if any(isinstance(c, ShardingCodec) for c in md.codecs):
+        raise ProductError(f"{url}: sharded Zarr stores are not supported by the loader yet; "
+                           "ingest with the default (unsharded) chunking, or load the scene's COG or refs instead")
+    if arr.ndim != 3:
+        raise ProductError(f"{url}: data has {arr.ndim} dimensions, expected (band, y, x)")
+    nb, h, w = arr.shape
+    cb, ch, cw = arr.chunks
+    dtype = np.dtype(arr.dtype).newbyteorder("=")
+    attrs = dict(arr.attrs)
+    scale, offset = _cf(attrs)
+    fill = attrs.get("_FillValue", md.fill_value)
+    fill_v = _fill(fill)
+    wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
+    fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    stats = None
+    if record is not None:
+        stats = _stats_from_bands(record.get("bands") or [])
+    if stats is None and "cubelake:band_stats" in attrs:
+        bs = json.loads(attrs["cubelake:band_stats"])
+        stats = {"mean": np.array([np.nan if v is None else v for v in bs["mean"]], float),
+                 "std": np.array([np.nan if v is None else v for v in bs["std"]], float)}
+    version = str(dict(group.attrs).get("cubelake:content_hash") or "")
+    if not version and scheme == "file":
+        version = str(Path(key, "data", "zarr.json").stat().st_mtime_ns)
+    base = url.rstrip("/") + "/data/"
+    grid = ChunkGrid(h, w, ch, cw)
+
+    def locate(b: int, cy: int, cx: int) -> tuple[str, int, int]:
+        return base + md.encode_chunk_key((b, cy, cx)), 0, -1
+
+    def present() -> np.ndarray:
+        from .storage import open_bytes
+
+        bs, path = open_bytes(url, options)
+        keys = set(bs.list(path.rstrip("/") + "/data"))
+        m = np.zeros((grid.ny, grid.nx), bool)
+        for cy in range(grid.ny):
+            for cx in range(grid.nx):
+                m[cy, cx] = any(md.encode_chunk_key((b, cy, cx)) in keys for b in range(-(-nb // cb)))
+        return m
+
+    def labels() -> np.ndarray | None:
+        if "labels" not in group:
+            return None
+        return np.asarray(group["labels"][:])
+
+    return ChunkSource(scene_id, "zarr", url, grid, nb, cb, dtype, fill_v, scale, offset, wl, fw, stats, version,
+                       locate, _v3_decoder(md.codecs, dtype, (cb, ch, cw), url), labels, options, present)
+
+
+def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None,
+               allowed_roots: Sequence[str], kind: str = "refs", labels_path: Path | None = None) -> ChunkSource:
+    import zarr
+
+    from cubelake.refs.api import open_store
+
+    try:
+        store = open_store(url, allowed_roots=allowed_roots, storage_options=options)
+    except CubelakeError:
+        raise
+    except (OSError, ValueError) as e:
+        raise ProductError(f"{url}: cannot open the references: {e}") from e
+    refs = store.refs
+    zarray = json.loads(refs.meta["data/.zarray"])
+    zattrs = json.loads(refs.meta.get("data/.zattrs", b"{}"))
+    group = zarr.open_group(store, mode="r", zarr_format=2)
+    nb, h, w = zarray["shape"]
+    cb, ch, cw = zarray["chunks"]
+    sep = zarray.get("dimension_separator", ".")
+    dtype = np.dtype(zarray["dtype"]).newbyteorder("=")
+    scale, offset = _cf(zattrs)
+    fill = zattrs.get("_FillValue", zarray.get("fill_value"))
+    fill_v = _fill(fill)
+    wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
+    fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    stats = _stats_from_bands(record.get("bands") or []) if record else None
+    version = "|".join(f"{t.url}:{t.size}:{t.mtime_ns}:{t.etag}" for t in refs.targets)
+    grid = ChunkGrid(h, w, ch, cw)
+
+    def locate(b: int, cy: int, cx: int) -> tuple[str, int, int] | None:
+        v = refs.get(f"data/{b}{sep}{cy}{sep}{cx}")
+        if v is None:
+            return None
+        if isinstance(v, bytes):
+            raise ProductError(f"{url}: chunk {b}.{cy}.{cx} is inlined in the references; the loader reads byte ranges only")
+        return v
+
+    def present() -> np.ndarray:
+        m = np.zeros((grid.ny, grid.nx), bool)
+        for cy in range(grid.ny):
+            for cx in range(grid.nx):
+                m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(-(-nb // cb)))
+        return m
+
+    labels = _labels_tif(labels_path, (h, w)) if labels_path is not None and labels_path.exists() else (lambda: None)
+    return ChunkSource(scene_id, kind, url, grid, nb, cb, dtype, fill_v, scale, offset, wl, fw, stats, version,
+                       locate, _v2_decoder(zarray, (cb, ch, cw)), labels, options, present)
+
+
+def _open_cog(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None,
+              labels_path: Path | None) -> ChunkSource:
+    from cubelake.refs.api import build_refs
+    from cubelake.refs.formats import write_refs
+
+    refs = build_refs(url, storage_options=options)
+    tmp = Path(tempfile.mkdtemp(prefix="cubelake-cogrefs-"))
+    path = write_refs(refs, tmp / f"{scene_id}.refs.json", "json")
+    root = url.rsplit("/", 1)[0] if url.startswith("s3://") else str(Path(split_url(url)[2]).parent)
+    return _open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
+
+
+def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | None) -> ChunkSource:
+    record = _scene_record(folder)
+    if record is None:
+        raise ProductError(f"{folder}: no scene.json; give a lake scene folder, a .zarr store, refs or a COG")
+    sid = str(record.get("id") or folder.name)
+    products = record.get("products") or {}
+    labels = folder / f"{sid}.labels.tif"
+    for kind in prefer:
+        info = products.get(kind)
+        if not info:
+            continue
+        p = str(folder / info["path"])
+        if kind == "zarr":
+            return _open_zarr(p, sid, options, record)
+        if kind == "refs":
+            return _open_refs(p, sid, options, record, [], labels_path=labels)
+        return _open_cog(p, sid, options, record, labels)
+    raise ProductError(f"{folder}: scene {sid} has none of the products {list(prefer)} (it has {sorted(products)}); "
+                       "re-ingest with --products " + ",".join(prefer))
+
+
+def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERENCE, storage_options: S3Options | None = None,
+                allowed_roots: Sequence[str] = (), labels: str | Path | None = None) -> ChunkSource:
+    """A :class:`ChunkSource` for a lake scene folder, catalog hit or STAC item, ``.zarr`` store, refs file or COG.
+
+    ``prefer``: product kinds to try, in order, for scenes that have several. ``labels``: a
+    label raster on the scene's grid (overrides the scene's own).
+    """
+    href = getattr(product, "href", None)
+    if isinstance(product, dict) and product.get("type") == "Feature":
+        links = [ln["href"] for ln in product.get("links", []) if ln.get("rel") == "self"]
+        href = links[0] if links else None
+        if href is None:
+            raise ProductError(f"STAC item {product.get('id')}: no self link; open its scene folder instead")
+    if href is not None:
+        product = Path(href).parent
+    s = str(product)
+    name = s.rstrip("/").rsplit("/", 1)[-1]
+    if s.startswith("s3://"):
+        stem = name.split(".")[0]
+    else:
+        p = Path(s)
+        if not p.exists():
+            raise ProductError(f"{s}: no such product; give a lake scene folder, a .zarr store, refs or a COG")
+        if p.is_dir() and (p / "scene.json").exists():
+            src = _scene_dir_source(p, prefer, storage_options)
+            return _with_labels(src, labels)
+        stem = name.split(".")[0]
+        s = str(p.resolve())
+    low = name.lower()
+    if low.endswith(".zarr") or low.endswith(".zarr/"):
+        src = _open_zarr(s, stem, storage_options, None)
+    elif low.endswith((".json", ".parq", ".parquet")):
+        src = _open_refs(s, stem, storage_options, None, allowed_roots)
+    elif low.endswith((".tif", ".tiff")):
+        src = _open_cog(s, stem, storage_options, None, None)
+    else:
+        raise ProductError(f"{s}: unknown product type; expected a .zarr store, .refs.json/.refs.parq references, "
+                           "a .tif COG or a lake scene folder")
+    return _with_labels(src, labels)
+
+
+def _with_labels(src: ChunkSource, labels: str | Path | None) -> ChunkSource:
+    if labels is not None:
+        src.labels_loader = _labels_tif(Path(labels), (src.grid.height, src.grid.width))
+    return src
+
+
+def open_sources(products: Sequence[ProductLike] | Any, **kw: Any) -> list[ChunkSource]:
+    """:func:`open_source` for each product (a list, or a catalog search result)."""
+    return [open_source(p, **kw) for p in products]
