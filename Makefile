@@ -38,7 +38,7 @@ test: lint
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cubelake ingest catalog loaders tests bench
-	$(BIN)/mypy cubelake ingest catalog
+	$(BIN)/mypy cubelake ingest catalog loaders
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py

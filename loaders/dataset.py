@@ -8,6 +8,7 @@ together. Each worker process, and each DDP rank, plans its own disjoint share o
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -38,7 +39,7 @@ from .plan import (
 from .reader import ChunkReader, ReaderConfig
 from .sources import ChunkSource, ProductError, ProductLike, open_sources
 from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
-from .storage import DiskCache, S3Options
+from .storage import DiskCache, S3Options, check_fork_safe
 
 __all__ = ["CubeDataset", "Sampling"]
 
@@ -294,6 +295,8 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
     # -- iteration ----------------------------------------------------------------------------------
 
     def _get_reader(self, metrics: LoaderMetrics) -> ChunkReader:
+        if self._reader is not None and self._reader.pid != os.getpid():
+            self._reader = None  # forked into a DataLoader worker: the parent's threads did not come along
         if self._reader is None:
             disk = DiskCache(self.disk_cache) if self.disk_cache else None
             self._reader = ChunkReader(self.sources, self.reader_config, metrics, disk)
@@ -308,6 +311,10 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         rank, world, wid, nw = self._shard()
+        if get_worker_info() is not None and any(s.url.startswith("s3://") or s.kind != "zarr" for s in self.sources):
+            for s in self.sources:
+                if s.url.startswith("s3://") or (s.storage_options and s.kind != "zarr"):
+                    check_fork_safe(s.url)
         epoch = self._epoch_base + self._iters
         self._iters += 1
         skip = 0
@@ -349,13 +356,13 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         for b in range(skip, nbatches[wid]):
             t0 = time.perf_counter()
             lo, hi = b * bs, min((b + 1) * bs, n)
-            need = []
+            need: list[tuple[int, int]] = []
             while next_req < len(chunks) and plan.first_use[next_req] < hi:
                 if plan.last_use[next_req] >= lo:
                     need.append(chunks[next_req])
                 next_req += 1
             reader.request(need)
-            ahead = []
+            ahead: list[tuple[int, int]] = []
             j = next_req
             while j < len(chunks) and len(ahead) < self.prefetch and reader.has_room(chunks[j]):
                 ahead.append(chunks[j])

@@ -218,26 +218,27 @@ def chunk_sequence(units: Sequence[tuple[int, np.ndarray]], scenes_in_flight: in
     total = sum(len(t) for _, t in units)
     out = np.empty((total, 2), np.int64)
     queue = list(units)[::-1]
-    active: list[list[object]] = []  # [scene, traversal, position]
+    active: list[tuple[int, np.ndarray]] = []
+    pos: list[int] = []
     k = 0
     while k < total:
         while queue and len(active) < max(1, scenes_in_flight):
             s, t = queue.pop()
             if len(t):
-                active.append([s, t, 0])
-        remaining = np.array([len(a[1]) - a[2] for a in active], float)  # type: ignore[arg-type, operator]
+                active.append((s, t))
+                pos.append(0)
+        remaining = np.array([len(t) - p for (_, t), p in zip(active, pos, strict=True)], np.float64)
         # draw a run of picks at once: one rng call per chunk is the cost of a million-chunk epoch
         picks = rng.choice(len(active), size=min(int(remaining.min()), 64) or 1, p=remaining / remaining.sum())
         for i in picks:
-            a = active[i]
-            t: np.ndarray = a[1]  # type: ignore[assignment]
-            p: int = a[2]  # type: ignore[assignment]
-            if p >= len(t):
+            s, t = active[i]
+            if pos[i] >= len(t):
                 continue
-            out[k] = (a[0], t[p])
-            a[2] = p + 1
+            out[k] = (s, t[pos[i]])
+            pos[i] += 1
             k += 1
-        active = [a for a in active if a[2] < len(a[1])]  # type: ignore[arg-type, operator]
+        alive = [i for i in range(len(active)) if pos[i] < len(active[i][1])]
+        active, pos = [active[i] for i in alive], [pos[i] for i in alive]
     return out
 
 
@@ -502,7 +503,8 @@ def _finish(order: np.ndarray, indptr: np.ndarray, keys: np.ndarray, spec: PlanS
     first_use = first_sample[by_first]
     shared = int((_lookup(seq_keys, chunk_keys) < 0).sum())
     chunks = np.stack([chunk_keys >> 32, chunk_keys & 0xFFFFFFFF], axis=1) if chunk_keys.size else np.zeros((0, 2), np.int64)
-    plan = EpochPlan(shard, num_shards, order, chunks, first_use, last_use, sub_indptr, entries, dropped, shared)
+    plan = EpochPlan(shard, num_shards, order, chunks, first_use, last_use, sub_indptr, entries,
+                     dropped=dropped, shared_chunks=shared)
     plan.stats = {"samples": float(order.size), "chunks": float(uniq.size), "k": float(spec.k),
                   "peak_resident": float(residency(plan)), "epoch": float(epoch)}
     return plan

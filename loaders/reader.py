@@ -11,6 +11,7 @@ bytes for later epochs and other processes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -65,6 +66,7 @@ class ChunkReader:
         self.config = config
         self.metrics = metrics
         self.disk = disk_cache
+        self.pid = os.getpid()  # a forked child must not reuse this pool: its threads stay in the parent
         self._pool = ThreadPoolExecutor(max(1, config.threads), thread_name_prefix="cubelake-chunk")
         self._lock = threading.Lock()
         self._mem: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()
@@ -73,7 +75,7 @@ class ChunkReader:
         self._held = 0  # bytes of decoded chunks in _mem
         self._reserved = 0  # bytes of chunks in flight
         self._decoded: set[ChunkKey] = set()
-        self._failed: set[ChunkKey] = set()
+        self._failed: dict[ChunkKey, str] = {}
         self._stores: dict[str, tuple[ByteStore, str]] = {}
 
     # -- epoch --------------------------------------------------------------------------------------
@@ -149,6 +151,8 @@ class ChunkReader:
                 self.metrics.cache_hits += 1
                 return arr
             if key in self._failed:
+                if self.config.strict:
+                    raise ChunkReadError(self._failed[key])
                 return None
             fut = self._inflight.get(key)
         if fut is None:
@@ -238,7 +242,7 @@ class ChunkReader:
             parts: list[tuple[Piece, bytes | memoryview]] = []
             src = self.sources[k[0]]
             for pi, p in enumerate(self._pieces(k)):
-                data = None
+                data: bytes | memoryview | None = None
                 if self.disk is not None:
                     data = self.disk.get(DiskCache.key(p.url, p.offset, p.length, src.version))
                     self.metrics.add(**({"disk_hits": 1} if data is not None else {"disk_misses": 1}))
@@ -304,7 +308,8 @@ class ChunkReader:
             self._reserved -= self._nbytes(key)
             fut = self._inflight.pop(key)
             self._evict()
-        self.metrics.add(decode_s=dt, bytes_decoded=arr.nbytes, chunks_decoded=1, redecodes=int(again))
+        if parts:  # a chunk with no stored bytes is fill, not a decode
+            self.metrics.add(decode_s=dt, bytes_decoded=arr.nbytes, chunks_decoded=1, redecodes=int(again))
         fut.set_result(arr)
 
     def _fail(self, key: ChunkKey, error: BaseException) -> None:
@@ -313,7 +318,7 @@ class ChunkReader:
         msg = (f"{src.url}: chunk (row {cy}, col {cx}) of scene {src.scene_id} failed after "
                f"{self.config.retries + 1} attempts: {error}")
         with self._lock:
-            self._failed.add(key)
+            self._failed[key] = msg
             self._reserved -= self._nbytes(key)
             fut = self._inflight.pop(key)
         self.metrics.add(failed_chunks=1)

@@ -77,6 +77,13 @@ class ChunkSource:
     labels_loader: Callable[[], np.ndarray | None] = field(repr=False, default=lambda: None)
     storage_options: S3Options | None = field(repr=False, default=None)
     present: Callable[[], np.ndarray | None] = field(repr=False, default=lambda: None)
+    open_args: dict[str, Any] | None = field(repr=False, default=None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the locate/decode closures do not pickle; a spawned DataLoader worker reopens the product
+        if self.open_args is None:
+            raise TypeError(f"{self.url}: this ChunkSource was not made by open_source and cannot be sent to a worker")
+        return (_reopen, (self.open_args, self.stats))
 
     @property
     def chunk_shape(self) -> tuple[int, int, int]:
@@ -222,16 +229,19 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
 
         from cubelake.refs.store import s3_config
 
+        from .storage import check_fork_safe
+
+        check_fork_safe(url)
         cfg, client = s3_config(options)
         store: Any = ObjectStore(S3Store(bucket, prefix=key, config=cfg, client_options=client), read_only=True)  # type: ignore[arg-type]
     else:
         store = key
     try:
-        group = zarr.open_group(store, mode="r")
-        arr = group["data"]
+        group: Any = zarr.open_group(store, mode="r")
+        arr: Any = group["data"]
     except (FileNotFoundError, KeyError) as e:
         raise ProductError(f"{url}: not a cubelake Zarr store (no 'data' array: {e}); give a <id>.zarr folder") from None
-    md = arr.metadata
+    md: Any = arr.metadata
     if any(isinstance(c, ShardingCodec) for c in md.codecs):
         raise ProductError(f"{url}: sharded Zarr stores are not supported by the loader yet; "
                            "ingest with the default (unsharded) chunking, or load the scene's COG or refs instead")
@@ -259,18 +269,29 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
     base = url.rstrip("/") + "/data/"
     grid = ChunkGrid(h, w, ch, cw)
 
-    def locate(b: int, cy: int, cx: int) -> tuple[str, int, int]:
-        return base + md.encode_chunk_key((b, cy, cx)), 0, -1
+    stored: set[str] = set()
+    listed = False
+
+    def stored_keys() -> set[str]:
+        # zarr writes no object for an all-fill chunk; one listing tells which exist
+        nonlocal listed
+        if not listed:
+            from .storage import open_bytes
+
+            bs, path = open_bytes(url, options)
+            stored.update(bs.list(path.rstrip("/") + "/data"))
+            listed = True
+        return stored
+
+    def locate(b: int, cy: int, cx: int) -> tuple[str, int, int] | None:
+        k = md.encode_chunk_key((b, cy, cx))
+        return (base + k, 0, -1) if k in stored_keys() else None
 
     def present() -> np.ndarray:
-        from .storage import open_bytes
-
-        bs, path = open_bytes(url, options)
-        keys = set(bs.list(path.rstrip("/") + "/data"))
         m = np.zeros((grid.ny, grid.nx), bool)
         for cy in range(grid.ny):
             for cx in range(grid.nx):
-                m[cy, cx] = any(md.encode_chunk_key((b, cy, cx)) in keys for b in range(-(-nb // cb)))
+                m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(-(-nb // cb)))
         return m
 
     def labels() -> np.ndarray | None:
@@ -297,7 +318,7 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
     refs = store.refs
     zarray = json.loads(refs.meta["data/.zarray"])
     zattrs = json.loads(refs.meta.get("data/.zattrs", b"{}"))
-    group = zarr.open_group(store, mode="r", zarr_format=2)
+    group: Any = zarr.open_group(store, mode="r", zarr_format=2)
     nb, h, w = zarray["shape"]
     cb, ch, cw = zarray["chunks"]
     sep = zarray.get("dimension_separator", ".")
@@ -371,6 +392,15 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
     ``prefer``: product kinds to try, in order, for scenes that have several. ``labels``: a
     label raster on the scene's grid (overrides the scene's own).
     """
+    args = {"product": product, "prefer": tuple(prefer), "storage_options": storage_options,
+            "allowed_roots": tuple(allowed_roots), "labels": labels}
+    src = _open_source(product, prefer, storage_options, allowed_roots, labels)
+    src.open_args = args
+    return src
+
+
+def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S3Options | None,
+                 allowed_roots: Sequence[str], labels: str | Path | None) -> ChunkSource:
     href = getattr(product, "href", None)
     if isinstance(product, dict) and product.get("type") == "Feature":
         links = [ln["href"] for ln in product.get("links", []) if ln.get("rel") == "self"]
@@ -403,6 +433,12 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
         raise ProductError(f"{s}: unknown product type; expected a .zarr store, .refs.json/.refs.parq references, "
                            "a .tif COG or a lake scene folder")
     return _with_labels(src, labels)
+
+
+def _reopen(args: dict[str, Any], stats: dict[str, np.ndarray] | None) -> ChunkSource:
+    src = open_source(**args)
+    src.stats = stats
+    return src
 
 
 def _with_labels(src: ChunkSource, labels: str | Path | None) -> ChunkSource:

@@ -93,6 +93,8 @@ class S3Bytes:
         if self._store is None:
             from obstore.store import S3Store
 
+            check_fork_safe(f"s3://{self.bucket}")
+
             cfg, client = s3_config(self.options)
             self._store = S3Store(self.bucket, config=cfg, client_options=client)  # type: ignore[arg-type]
         return self._store
@@ -118,6 +120,23 @@ class S3Bytes:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.bucket, self.options, self._store = state["bucket"], state["options"], None
+
+
+_OBSTORE_PID: list[int] = []  # the process whose obstore runtime has started
+
+
+def check_fork_safe(what: str) -> None:
+    """Refuse to use obstore in a process forked after its parent started obstore's runtime.
+
+    obstore's Rust runtime does not survive ``fork()``: requests in a forked DataLoader worker
+    hang forever. Spawned workers start clean.
+    """
+    pid = os.getpid()
+    if _OBSTORE_PID and _OBSTORE_PID[0] != pid:
+        raise RuntimeError(f"{what}: this process was forked after its parent read from S3 (obstore's runtime does not "
+                           "survive fork); create the DataLoader with multiprocessing_context='spawn' (or 'forkserver')")
+    if not _OBSTORE_PID:
+        _OBSTORE_PID.append(pid)
 
 
 def split_url(url: str) -> tuple[str, str, str]:

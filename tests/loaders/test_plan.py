@@ -1,0 +1,206 @@
+"""The pure planner: windows, chunk sets, epoch order, residency, sharding, randomness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cubelake.loaders import (
+    ChunkGrid,
+    PlanSpec,
+    SampleTable,
+    coalesce,
+    plan_epoch,
+    randomness,
+    window_chunks,
+)
+from cubelake.loaders.plan import label_windows, random_windows, residency, sliding_windows
+from cubelake.loaders.storage import Range
+
+grids_st = st.builds(ChunkGrid, st.integers(20, 300), st.integers(20, 300), st.sampled_from([16, 32, 64]),
+                     st.sampled_from([16, 32, 64]))
+
+
+@given(grids_st, st.integers(-40, 320), st.integers(-40, 320), st.integers(1, 80), st.integers(1, 80))
+def test_window_chunks_are_exactly_the_overlapped_chunks(g: ChunkGrid, row: int, col: int, h: int, w: int) -> None:
+    got = set(window_chunks(g, row, col, (h, w)))
+    want = {(cy, cx) for cy in range(g.ny) for cx in range(g.nx)
+            if row < (cy + 1) * g.chunk_h and row + h > cy * g.chunk_h and row < g.height and row + h > 0
+            and col < (cx + 1) * g.chunk_w and col + w > cx * g.chunk_w and col < g.width and col + w > 0}
+    assert got == want
+
+
+@given(grids_st, st.integers(4, 40), st.integers(1, 40), st.sampled_from(["drop", "pad"]))
+def test_sliding_windows_cover_the_raster(g: ChunkGrid, size: int, stride: int, edge: str) -> None:
+    t = sliding_windows(0, g, (size, size), (stride, stride), edge)  # type: ignore[arg-type]
+    r, c = t.rows[:, 1], t.rows[:, 2]
+    if edge == "drop":
+        assert (r >= 0).all()
+        assert (r + size <= g.height).all()
+        assert (c + size <= g.width).all()
+        assert len(t) == (len(range(0, g.height - size + 1, stride)) * len(range(0, g.width - size + 1, stride)))
+    elif stride <= size:  # padded windows reach every pixel
+        cover = np.zeros((g.height, g.width), bool)
+        for y, x in zip(r, c, strict=True):
+            cover[y:y + size, x:x + size] = True
+        assert cover.all()
+
+
+def _table(grids: list[ChunkGrid], size: int = 32, stride: int = 16) -> SampleTable:
+    return SampleTable.concat((size, size), [sliding_windows(i, g, (size, size), (stride, stride)) for i, g in enumerate(grids)])
+
+
+def _simulate_decodes(plan, resident: int) -> int:
+    """Decodes an LRU of ``resident`` chunks needs to serve ``plan`` in order (releasing after last use)."""
+    held: dict[int, None] = {}
+    decodes = 0
+    for pos in range(len(plan)):
+        for c in plan.chunks_of(pos):
+            c = int(c)
+            if c in held:
+                held.pop(c)
+            else:
+                decodes += 1
+                if len(held) >= resident:
+                    held.pop(next(iter(held)))
+            held[c] = None
+        for c in np.flatnonzero(plan.last_use == pos):
+            held.pop(int(c), None)
+    return decodes
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(grids_st, min_size=1, max_size=4), st.integers(0, 2**31), st.integers(1, 12), st.integers(1, 3))
+def test_epoch_serves_every_sample_once_and_each_chunk_once_within_its_residency(grids, seed, k, flight) -> None:
+    table = _table(grids)
+    plan = plan_epoch(grids, table, PlanSpec(seed=seed, chunks_per_round=k, scenes_in_flight=flight), 0)
+    assert np.array_equal(np.sort(plan.order), np.arange(len(table)))
+    # every chunk a sample needs is listed for it, and first/last use bracket all its uses
+    for pos in range(0, len(plan), max(1, len(plan) // 50)):
+        s, r, c = table.rows[plan.order[pos]]
+        want = {(int(s), cy * grids[s].nx + cx) for cy, cx in window_chunks(grids[s], int(r), int(c), table.size)}
+        got = {tuple(int(v) for v in plan.chunks[i]) for i in plan.chunks_of(pos)}
+        assert got == want
+        assert all(plan.first_use[i] <= pos <= plan.last_use[i] for i in plan.chunks_of(pos))
+    peak = residency(plan)
+    assert _simulate_decodes(plan, peak) == plan.chunks.shape[0]  # a resident set of `peak` decodes each once
+
+
+def test_local_order_needs_a_small_resident_set_and_random_order_a_large_one() -> None:
+    grids = [ChunkGrid(2048, 2048, 256, 256)] * 3
+    table = _table(grids)
+    local = plan_epoch(grids, table, PlanSpec(seed=1, chunks_per_round=8, scenes_in_flight=1), 0)
+    rand = plan_epoch(grids, table, PlanSpec(seed=1, chunks_per_round=8, scenes_in_flight=1, order="random"), 0)
+    assert residency(local) <= 8 + 2 * 8 + 2  # a round plus one chunk row of carry-over
+    assert residency(rand) > 2 * residency(local)
+
+
+def test_plan_is_deterministic_per_seed_and_epoch() -> None:
+    grids = [ChunkGrid(500, 700, 64, 64), ChunkGrid(300, 300, 64, 64)]
+    table = _table(grids)
+    spec = PlanSpec(seed=7)
+    a, b = plan_epoch(grids, table, spec, 3), plan_epoch(grids, table, spec, 3)
+    assert np.array_equal(a.order, b.order)
+    assert not np.array_equal(a.order, plan_epoch(grids, table, spec, 4).order)
+    assert not np.array_equal(a.order, plan_epoch(grids, table, PlanSpec(seed=8), 3).order)
+
+
+@pytest.mark.parametrize(("world", "workers"), [(1, 2), (1, 3), (2, 1), (2, 2), (3, 2)])
+def test_shards_are_disjoint_and_ranks_serve_equal_counts(world: int, workers: int) -> None:
+    grids = [ChunkGrid(400 + 37 * i, 300 + 53 * i, 64, 64) for i in range(7)]
+    table = _table(grids)
+    spec = PlanSpec(seed=2)
+    seen: list[int] = []
+    owned: list[set[tuple[int, int]]] = []
+    per_rank = []
+    for r in range(world):
+        n = 0
+        for w in range(workers):
+            p = plan_epoch(grids, table, spec, 0, rank=r, world_size=world, worker=w, num_workers=workers)
+            seen.extend(p.order.tolist())
+            owned.append({(int(s), int(c)) for s, c in p.chunks})
+            assert p.worker_sizes[w] == len(p)
+            n += len(p)
+        per_rank.append(n)
+    assert len(seen) == len(set(seen))  # no sample twice
+    assert len(set(per_rank)) == 1  # DDP: every rank takes the same number of steps
+    assert len(seen) >= 0.97 * len(table)  # balanced: little is dropped to equalise ranks
+    # uneven scenes are cut into strips to balance; only chunks on a strip seam are read twice
+    overlap = sum(len(owned[i] & owned[j]) for i in range(len(owned)) for j in range(i + 1, len(owned)))
+    assert overlap <= 2 * (world * workers) * max(g.nx for g in grids)
+
+
+@pytest.mark.parametrize("shards", [2, 3, 4, 6])
+def test_whole_scenes_go_to_shards_when_they_balance(shards: int) -> None:
+    grids = [ChunkGrid(512, 512, 64, 64)] * 12
+    table = _table(grids)
+    owned = [{(int(s), int(c)) for s, c in plan_epoch(grids, table, PlanSpec(seed=5), 1, worker=w, num_workers=shards).chunks}
+             for w in range(shards)]
+    for i in range(shards):
+        for j in range(i + 1, shards):
+            assert not owned[i] & owned[j]  # no chunk is fetched by two workers
+    assert sum(len(o) for o in owned) == 12 * 64
+
+
+def test_one_scene_split_across_workers_shares_only_seam_chunks() -> None:
+    grids = [ChunkGrid(1024, 1024, 128, 128)]
+    table = _table(grids)
+    plans = [plan_epoch(grids, table, PlanSpec(seed=0), 0, worker=w, num_workers=2) for w in range(2)]
+    assert sum(len(p) for p in plans) == len(table)
+    shared = {tuple(c) for c in plans[0].chunks.tolist()} & {tuple(c) for c in plans[1].chunks.tolist()}
+    assert 0 < len(shared) <= 2 * grids[0].nx  # the strip seam, no more
+    assert plans[0].shared_chunks + plans[1].shared_chunks == len(shared)
+
+
+def test_rounds_mix_more_chunks_per_batch_as_k_grows() -> None:
+    grids = [ChunkGrid(1024, 1024, 128, 128)] * 2
+    table = _table(grids)
+    mix = [randomness(plan_epoch(grids, table, PlanSpec(seed=0, chunks_per_round=k), 0), table, grids, 64)
+           for k in (1, 4, 16)]
+    dc = [m.distinct_chunks_per_batch for m in mix]
+    assert dc[0] < dc[1] < dc[2]
+    assert mix[2].lag1_autocorrelation < mix[0].lag1_autocorrelation
+    assert abs(mix[2].shuffle_lag1_autocorrelation) < 0.1  # the full-shuffle reference
+    assert mix[2].shuffle_distinct_chunks_per_batch > dc[2]
+
+
+def test_min_chunks_per_batch_raises_k() -> None:
+    grids = [ChunkGrid(1024, 1024, 128, 128)]
+    table = _table(grids)
+    p = plan_epoch(grids, table, PlanSpec(seed=0, chunks_per_round=1, min_chunks_per_batch=12), 0)
+    assert randomness(p, table, grids, 64).distinct_chunks_per_batch >= 8
+
+
+def test_label_and_random_windows() -> None:
+    g = ChunkGrid(50, 60, 16, 16)
+    t = label_windows(0, g, (9, 9), np.array([0, 25, 49]), np.array([0, 30, 59]), np.array([3, 4, 5]), edge="drop")
+    assert t.rows.tolist() == [[0, 21, 26]]
+    assert t.labels.tolist() == [4]
+    t = label_windows(0, g, (9, 9), np.array([0, 25]), np.array([0, 30]), np.array([3, 4]), edge="pad")
+    assert t.rows.tolist() == [[0, -4, -4], [0, 21, 26]]
+    r = random_windows(0, g, (8, 8), 500, np.random.default_rng(0))
+    assert len(r) == 500
+    assert (r.rows[:, 1] + 8 <= 50).all()
+    assert (r.rows[:, 2] + 8 <= 60).all()
+    valid = np.zeros((g.ny, g.nx), bool)
+    valid[0, 0] = True
+    kept = sliding_windows(0, g, (8, 8), (8, 8), valid_chunks=valid)
+    assert kept.rows[:, 1:].tolist() == [[0, 0], [0, 8], [8, 0], [8, 8]]
+
+
+def test_invalid_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="order"):
+        PlanSpec(order="sorted")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positive"):
+        sliding_windows(0, ChunkGrid(10, 10, 4, 4), (0, 4), (1, 1))
+    with pytest.raises(ValueError, match="out of range"):
+        plan_epoch([ChunkGrid(10, 10, 4, 4)], _table([ChunkGrid(10, 10, 4, 4)], 4, 4), PlanSpec(), 0, worker=2, num_workers=2)
+
+
+def test_coalesce_merges_adjacent_ranges_up_to_the_gap() -> None:
+    rs = [Range(100, 200, "b"), Range(0, 100, "a"), Range(250, 300, "c"), Range(1000, 1100, "d")]
+    assert [(s, e, [m.tag for m in ms]) for s, e, ms in coalesce(rs)] == [(0, 200, ["a", "b"]), (250, 300, ["c"]), (1000, 1100, ["d"])]
+    assert [(s, e) for s, e, _ in coalesce(rs, max_gap=50)] == [(0, 300), (1000, 1100)]
+    assert [(s, e) for s, e, _ in coalesce(rs, max_gap=10_000, max_size=300)] == [(0, 300), (1000, 1100)]
