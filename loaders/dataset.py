@@ -7,13 +7,16 @@ together. Each worker process, and each DDP rank, plans its own disjoint share o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -103,7 +106,7 @@ def _delivery_skip(sizes: Sequence[int], worker: int, batches_done: int) -> int:
 class CubeDataset(IterableDataset[dict[str, Any]]):
     """Batches of windows cut from hyperspectral products, planned so each chunk is decoded once per epoch.
 
-    ``products``: lake scene folders, catalog search hits, STAC items, ``.zarr`` stores, refs or
+    ``products``: lake scene folders, catalog search hits (with ``lake=``), STAC items, ``.zarr`` stores, refs or
     COGs (local or ``s3://``). Yields dicts: ``image`` ``(batch, band, h, w)`` float tensor,
     ``label`` (``(batch,)`` or ``(batch, h, w)`` int64, ``-1`` = none), ``scene`` (ids),
     ``window`` ``(batch, 4)`` = row, col, height, width in the scene's pixels, and ``epoch``,
@@ -112,23 +115,24 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     def __init__(self, products: Sequence[ProductLike] | Iterable[ProductLike], *, sampling: Sampling | None = None,
                  spectral: Spectral | None = None, plan: PlanSpec | None = None, reader: ReaderConfig | None = None,
-                 prefetch: int = 8, disk_cache: str | Path | None = None, rank: int | None = None,
+                 prefetch: int = 8, prefetch_batches: int = 2, disk_cache: str | Path | None = None, rank: int | None = None,
                  world_size: int | None = None, storage_options: S3Options | None = None,
                  prefer: Sequence[str] = ("zarr", "refs", "cog"), labels: Sequence[str | Path | None] | None = None,
-                 stats_chunks: int = 4) -> None:
+                 stats_chunks: int = 4, lake: str | Path | None = None) -> None:
         super().__init__()
         self.sampling = sampling or Sampling()
         self.spectral = spectral or Spectral()
         self.plan_spec = plan or PlanSpec()
         self.reader_config = reader or ReaderConfig()
         self.prefetch = max(0, int(prefetch))
+        self.prefetch_batches = max(0, int(prefetch_batches))
         self.disk_cache = str(disk_cache) if disk_cache is not None else None
         prods = list(products)
         if not prods:
             raise ProductError("no products given to the loader (an empty catalog search?)")
         label_paths = list(labels) if labels is not None else [None] * len(prods)
         self.sources: list[ChunkSource] = [
-            open_sources([p], storage_options=storage_options, prefer=prefer, labels=lp)[0]
+            open_sources([p], storage_options=storage_options, prefer=prefer, labels=lp, lake=lake)[0]
             for p, lp in zip(prods, label_paths, strict=True)]
         self.grids = [s.grid for s in self.sources]
         self._rank, self._world = rank, world_size
@@ -146,6 +150,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self._resume: dict[str, Any] | None = None
         self._reader: ChunkReader | None = None
         self._last_metrics: LoaderMetrics | None = None
+        self._live_metrics: LoaderMetrics | None = None
         self._consumer: dict[int, tuple[float, float]] = {}
         self._metrics_dir = tempfile.mkdtemp(prefix="cubelake-loader-metrics-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._metrics_dir, True)
@@ -330,11 +335,68 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 raise ValueError(f"state was saved with {resume['num_workers']} workers x {resume.get('world_size')} "
                                  f"ranks; resume with the same (now {nw} x {world})")
             skip = _delivery_skip(nbatches, wid, int(resume["batches_done"]))
-        return self._run(plan, epoch, skip, nbatches, wid, nw, world)
+        gen = self._run(plan, epoch, skip, nbatches, wid, nw, world)
+        if get_worker_info() is None and self.prefetch_batches > 0:
+            return self._background(gen)
+        return gen
+
+    def _background(self, gen: Generator[dict[str, Any], None, None]) -> Iterator[dict[str, Any]]:
+        """Run ``gen`` in a thread, ``prefetch_batches`` ahead, so the training loop does not cut its own batches.
+
+        Without worker processes this is what keeps the consumer from stalling: cutting and
+        converting a batch is numpy work that releases the GIL while the model runs.
+        """
+        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.prefetch_batches)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for item in gen:
+                    while not stop.is_set():
+                        try:
+                            q.put(("batch", item), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        break
+                q.put(("end", None))
+            except BaseException as e:  # handed to the consumer, which raises it
+                q.put(("error", e))
+            finally:
+                gen.close()
+
+        t = threading.Thread(target=produce, name="cubelake-batches", daemon=True)
+        t_start = time.perf_counter()
+        t.start()
+        waited = 0.0
+        try:
+            while True:
+                t0 = time.perf_counter()
+                kind, item = q.get()
+                waited += time.perf_counter() - t0
+                if kind == "end":
+                    break
+                if kind == "error":
+                    raise item
+                m = self._live_metrics
+                if m is not None:
+                    m.wait_s, m.wall_s = waited, time.perf_counter() - t_start
+                yield item
+        finally:
+            stop.set()
+            while t.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    q.get(timeout=0.05)
+            m = self._live_metrics
+            if m is not None:
+                m.wait_s, m.wall_s = waited, time.perf_counter() - t_start
+                m.save(Path(self._metrics_dir) / f"epoch{m.epoch}-worker0.json")
 
     def _run(self, plan: EpochPlan, epoch: int, skip: int, nbatches: list[int], wid: int, nw: int,
-             world: int) -> Iterator[dict[str, Any]]:
+             world: int) -> Generator[dict[str, Any], None, None]:
         metrics = LoaderMetrics(epoch=epoch)
+        self._live_metrics = metrics
         reader = self._get_reader(metrics)
         table = self.table(epoch)
         bs = self.plan_spec.batch_size
@@ -378,13 +440,18 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             now = time.perf_counter()
             busy += now - t0
             metrics.wall_s = now - t_start
-            metrics.wait_s = busy if get_worker_info() is None else metrics.wait_s
+            if get_worker_info() is not None:
+                metrics.wait_s = metrics.chunk_wait_s
+            elif self.prefetch_batches == 0:  # the caller cuts its own batches: all loader time is its wait
+                metrics.wait_s = busy
             if now - last_save > 0.5:
                 metrics.save(path)
                 last_save = now
             yield batch
         metrics.wall_s = time.perf_counter() - t_start
-        if get_worker_info() is None:
+        if get_worker_info() is not None:
+            metrics.wait_s = metrics.chunk_wait_s
+        elif self.prefetch_batches == 0:
             metrics.wait_s = busy
         metrics.save(path)
         self._last_metrics = metrics
@@ -401,7 +468,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         out = np.full((idx.size, self.n_bands, h, w), np.nan, np.float32)
         keep = np.ones(idx.size, bool)
         used = 0
-        t_wait = metrics.wait_s
+        t_wait = metrics.chunk_wait_s
         t0 = time.perf_counter()
         for i in range(idx.size):
             s, r, c = (int(v) for v in rows[i])
@@ -448,7 +515,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         image = torch.from_numpy(np.ascontiguousarray(out, dtype=np.dtype(self.spectral.dtype)))
         label = self._batch_labels(table, idx, rows)
         metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=dropped,
-                    assemble_s=time.perf_counter() - t0 - (metrics.wait_s - t_wait))
+                    assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
         return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
                 "window": torch.from_numpy(window.astype(np.int64))}

@@ -13,7 +13,7 @@ __all__ = ["LoaderMetrics"]
 
 _ADDITIVE = ("samples", "batches", "requests", "bytes_fetched", "bytes_decoded", "bytes_used", "chunks_decoded",
              "redecodes", "cache_hits", "cache_misses", "disk_hits", "disk_misses", "failed_chunks",
-             "dropped_samples", "retries", "fetch_s", "decode_s", "wait_s", "assemble_s")
+             "dropped_samples", "retries", "fetch_s", "decode_s", "wait_s", "chunk_wait_s", "assemble_s")
 
 
 @dataclass
@@ -23,7 +23,9 @@ class LoaderMetrics:
     ``bytes_fetched``: compressed bytes read from storage (coalescing gaps included).
     ``bytes_decoded``: bytes of decoded chunks. ``bytes_used``: bytes of stored pixels that ended
     up in samples. ``wait_s``: time the consumer waited for the loader; ``wall_s``: the epoch's
-    wall time as the consumer saw it, so ``stall_fraction = wait_s / wall_s``.
+    wall time as the consumer saw it, so ``stall_fraction = wait_s / wall_s``. In a DataLoader
+    worker the consumer is another process: there ``wait_s`` is the worker's own wait for chunks
+    until :meth:`CubeDataset.timed` measures the consumer.
     """
 
     epoch: int = 0
@@ -45,6 +47,7 @@ class LoaderMetrics:
     fetch_s: float = 0.0
     decode_s: float = 0.0
     wait_s: float = 0.0
+    chunk_wait_s: float = 0.0  # the loader waiting for chunks to arrive and decode
     assemble_s: float = 0.0
     wall_s: float = 0.0
 
@@ -113,6 +116,7 @@ class LoaderMetrics:
             f"({self.read_amplification:.2f} per byte used), disk cache {self.disk_hits} hits / {self.disk_misses} misses",
             f"  decode: {self.chunks_decoded} chunks ({self.redecodes} again), {self.bytes_decoded / mb:,.1f} MiB decoded "
             f"({self.decode_amplification:.2f} per byte used), memory cache {self.cache_hits} hits / {self.cache_misses} misses",
-            f"  time: fetch {self.fetch_s:.2f} s, decode {self.decode_s:.2f} s (thread time), assemble {self.assemble_s:.2f} s",
+            f"  time: fetch {self.fetch_s:.2f} s, decode {self.decode_s:.2f} s (thread time), waiting for chunks "
+            f"{self.chunk_wait_s:.2f} s, cutting batches {self.assemble_s:.2f} s",
             f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped",
         ])

@@ -173,7 +173,7 @@ class ChunkReader:
                 raise
             return None
         finally:
-            self.metrics.add(wait_s=time.perf_counter() - t0)
+            self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
 
     # -- loading ------------------------------------------------------------------------------------
 

@@ -386,14 +386,22 @@ def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | 
 
 
 def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERENCE, storage_options: S3Options | None = None,
-                allowed_roots: Sequence[str] = (), labels: str | Path | None = None) -> ChunkSource:
-    """A :class:`ChunkSource` for a lake scene folder, catalog hit or STAC item, ``.zarr`` store, refs file or COG.
+                allowed_roots: Sequence[str] = (), labels: str | Path | None = None,
+                lake: str | Path | None = None) -> ChunkSource:
+    """A :class:`ChunkSource` for a lake scene folder, catalog hit or STAC item, ``.zarr`` store, refs or COG.
 
     ``prefer``: product kinds to try, in order, for scenes that have several. ``labels``: a
-    label raster on the scene's grid (overrides the scene's own).
+    label raster on the scene's grid (overrides the scene's own). ``lake``: the lake a catalog
+    hit came from (hits name their item relative to it).
     """
     args = {"product": product, "prefer": tuple(prefer), "storage_options": storage_options,
-            "allowed_roots": tuple(allowed_roots), "labels": labels}
+            "allowed_roots": tuple(allowed_roots), "labels": labels, "lake": lake}
+    href = getattr(product, "href", None)
+    if href is not None and not Path(href).is_absolute():
+        if lake is None:
+            raise ProductError(f"catalog hit {getattr(product, 'id', href)}: its item path {href} is relative to its lake; "
+                               "pass lake=<the lake folder> too")
+        product = Path(lake) / href
     src = _open_source(product, prefer, storage_options, allowed_roots, labels)
     src.open_args = args
     return src
@@ -401,7 +409,7 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
 
 def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S3Options | None,
                  allowed_roots: Sequence[str], labels: str | Path | None) -> ChunkSource:
-    href = getattr(product, "href", None)
+    href = str(product) if isinstance(product, Path) and product.name == "item.json" else None
     if isinstance(product, dict) and product.get("type") == "Feature":
         links = [ln["href"] for ln in product.get("links", []) if ln.get("rel") == "self"]
         href = links[0] if links else None

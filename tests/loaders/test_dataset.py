@@ -304,3 +304,28 @@ def test_metrics_report_reads_like_a_summary(synth_lake: dict[str, Any]) -> None
     assert "decoded" in text
     assert ds.metrics().to_dict()["samples"] == ds.n_samples()
     _ = NODATA
+
+
+def test_catalog_search_results_are_loader_inputs(synth_lake: dict[str, Any]) -> None:
+    from cubelake.catalog import LakeCatalog, Query
+
+    with LakeCatalog(synth_lake["lake"]) as cat:
+        hits = cat.search(Query(ids=["scene_b"]))
+        assert [h.id for h in hits] == ["scene_b"]
+        with pytest.raises(ProductError, match="pass lake="):
+            CubeDataset(hits)
+        ds = CubeDataset(hits, lake=synth_lake["lake"], sampling=Sampling(size=32, stride=32, labels="none"), spectral=RAW)
+    batches = list(ds)
+    assert {s for b in batches for s in b["scene"]} == {"scene_b"}
+    assert check_values(batches, {"scene_b": synth_lake["b"]}) == ds.n_samples() == 6 * 10
+
+
+def test_a_consumer_that_stops_early_leaves_no_thread_behind(synth_lake: dict[str, Any]) -> None:
+    import threading
+
+    ds = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=16, labels="none"), spectral=RAW,
+                     plan=PlanSpec(batch_size=4), prefetch_batches=3)
+    it = iter(ds)
+    next(it)
+    it.close()  # type: ignore[attr-defined]
+    assert not [t for t in threading.enumerate() if t.name == "cubelake-batches"]
