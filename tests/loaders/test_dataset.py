@@ -329,3 +329,13 @@ def test_a_consumer_that_stops_early_leaves_no_thread_behind(synth_lake: dict[st
     next(it)
     it.close()  # type: ignore[attr-defined]
     assert not [t for t in threading.enumerate() if t.name == "cubelake-batches"]
+
+
+def test_cog_over_s3_is_read_by_coalesced_range_requests(synth_lake: dict[str, Any], s3_server: Any, s3_bucket: str) -> None:
+    s3_server.client().upload_file(str(synth_lake["scenes"][0] / "scene_a.tif"), s3_bucket, "cogs/scene_a.tif")
+    ds = CubeDataset([f"s3://{s3_bucket}/cogs/scene_a.tif"], storage_options=s3_server.options,
+                     sampling=Sampling(size=32, stride=32, labels="none"), spectral=RAW, plan=PlanSpec(batch_size=8))
+    batches = list(ds)
+    assert check_values(batches, {"scene_a": synth_lake["a"]}) == ds.n_samples() > 0
+    m = ds.metrics()
+    assert 0 < m.requests < m.chunks_decoded  # neighbouring tiles come in one range request
