@@ -58,6 +58,9 @@ class Sampling:
     per scene, new positions every epoch). ``edge``: ``"drop"`` windows reaching past the raster,
     or ``"pad"`` them with ``Spectral.fill``. ``labels``: ``"center"`` (class of the centre
     pixel), ``"dense"`` (the window's label patch, ``-1`` outside the raster) or ``"none"``.
+    ``min_valid``: drop a sample when less than this fraction of its pixels is valid (not nodata,
+    inside the raster), counted in ``LoaderMetrics.invalid_samples``; chunk-level validity (an
+    all-nodata chunk Zarr did not store) is applied when planning, this is the pixel-level rest.
     """
 
     mode: Literal["sliding", "labels", "random"] = "sliding"
@@ -67,6 +70,7 @@ class Sampling:
     count: int = 1024
     ignore_label: int = 0
     labels: Literal["center", "dense", "none"] = "center"
+    min_valid: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("sliding", "labels", "random"):
@@ -75,6 +79,8 @@ class Sampling:
             raise ValueError(f"edge must be 'drop' or 'pad', got {self.edge!r}")
         if self.labels not in ("center", "dense", "none"):
             raise ValueError(f"labels must be 'center', 'dense' or 'none', got {self.labels!r}")
+        if not 0.0 <= self.min_valid <= 1.0:
+            raise ValueError(f"min_valid is a fraction of the window's pixels (0..1), got {self.min_valid}")
 
     @property
     def window(self) -> tuple[int, int]:
@@ -144,6 +150,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
         self._norm = self._normalisation(stats_chunks)
+        self._table_cache: tuple[int, SampleTable] | None = None
         self._table_fixed = self._build_table(0) if self.sampling.mode != "random" else None
         self._epoch_base = 0
         self._iters = 0
@@ -253,7 +260,11 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     def table(self, epoch: int = 0) -> SampleTable:
         """The epoch's samples (fixed for sliding/label sampling, drawn anew per epoch for random)."""
-        return self._table_fixed if self._table_fixed is not None else self._build_table(epoch)
+        if self._table_fixed is not None:
+            return self._table_fixed
+        if self._table_cache is None or self._table_cache[0] != epoch:
+            self._table_cache = (epoch, self._build_table(epoch))
+        return self._table_cache[1]
 
     # -- epochs and state ---------------------------------------------------------------------------
 
@@ -327,6 +338,12 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self._resume = None
         plan = plan_epoch(self.grids, self.table(epoch), self.plan_spec, epoch, rank=rank, world_size=world,
                           worker=wid, num_workers=nw)
+        need = plan.stats.get("peak_resident", 0) * max(s.chunk_nbytes for s in self.sources)
+        if need > self.reader_config.cache_bytes:
+            log.warning("epoch %d needs up to %d chunks (%.0f MiB) resident to decode each once; cache_bytes is "
+                        "%.0f MiB, so some chunks will be decoded again (raise cache_bytes, lower chunks_per_round "
+                        "or scenes_in_flight, or use order='local')", epoch, plan.stats["peak_resident"],
+                        need / 2**20, self.reader_config.cache_bytes / 2**20)
         bs = self.plan_spec.batch_size
         sizes = plan.worker_sizes
         nbatches = [(n // bs if self.plan_spec.drop_last else -(-n // bs)) for n in sizes]
@@ -495,7 +512,13 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                     dst[self._is_fill(part, src.fill_value)] = np.nan
                 used += part.nbytes
         dropped = int((~keep).sum())
-        if dropped:
+        invalid = 0
+        if self.sampling.min_valid > 0:
+            frac = np.isfinite(out).mean(axis=(1, 2, 3))
+            low = keep & (frac < self.sampling.min_valid)
+            invalid = int(low.sum())
+            keep &= ~low
+        if dropped or invalid:
             out, idx, rows = out[keep], idx[keep], rows[keep]
         # physical units, then normalisation, per scene
         scenes = rows[:, SCENE]
@@ -514,7 +537,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             out = self.spectral.projection.apply(out)
         image = torch.from_numpy(np.ascontiguousarray(out, dtype=np.dtype(self.spectral.dtype)))
         label = self._batch_labels(table, idx, rows)
-        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=dropped,
+        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=dropped, invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
         return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],

@@ -13,7 +13,7 @@ __all__ = ["LoaderMetrics"]
 
 _ADDITIVE = ("samples", "batches", "requests", "bytes_fetched", "bytes_decoded", "bytes_used", "chunks_decoded",
              "redecodes", "cache_hits", "cache_misses", "disk_hits", "disk_misses", "failed_chunks",
-             "dropped_samples", "retries", "fetch_s", "decode_s", "wait_s", "chunk_wait_s", "assemble_s")
+             "dropped_samples", "invalid_samples", "retries", "fetch_s", "decode_s", "wait_s", "chunk_wait_s", "assemble_s")
 
 
 @dataclass
@@ -42,7 +42,8 @@ class LoaderMetrics:
     disk_hits: int = 0
     disk_misses: int = 0
     failed_chunks: int = 0
-    dropped_samples: int = 0
+    dropped_samples: int = 0  # samples of chunks that failed
+    invalid_samples: int = 0  # samples below Sampling.min_valid
     retries: int = 0
     fetch_s: float = 0.0
     decode_s: float = 0.0
@@ -118,5 +119,6 @@ class LoaderMetrics:
             f"({self.decode_amplification:.2f} per byte used), memory cache {self.cache_hits} hits / {self.cache_misses} misses",
             f"  time: fetch {self.fetch_s:.2f} s, decode {self.decode_s:.2f} s (thread time), waiting for chunks "
             f"{self.chunk_wait_s:.2f} s, cutting batches {self.assemble_s:.2f} s",
-            f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped",
+            f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped, "
+            f"{self.invalid_samples} below min_valid",
         ])

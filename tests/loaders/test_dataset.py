@@ -339,3 +339,14 @@ def test_cog_over_s3_is_read_by_coalesced_range_requests(synth_lake: dict[str, A
     assert check_values(batches, {"scene_a": synth_lake["a"]}) == ds.n_samples() > 0
     m = ds.metrics()
     assert 0 < m.requests < m.chunks_decoded  # neighbouring tiles come in one range request
+
+
+def test_min_valid_drops_windows_in_the_nodata_corner(synth_lake: dict[str, Any]) -> None:
+    ds = CubeDataset(synth_lake["scenes"][:1], sampling=Sampling(size=16, stride=16, labels="none", min_valid=0.5),
+                     spectral=RAW, plan=PlanSpec(batch_size=32))
+    got = set(windows(ds))
+    corner = {("scene_a", r, c) for r in (0, 16) for c in (0, 16, 32)}  # rows < 40, cols < 50 are nodata
+    assert not got & corner
+    assert ("scene_a", 32, 0) in got
+    assert ds.metrics().invalid_samples == len(corner)
+    assert len(got) == ds.n_samples() - len(corner)
