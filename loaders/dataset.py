@@ -150,6 +150,8 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
         self._norm = self._normalisation(stats_chunks)
+        self._raw_dtype = np.result_type(*[s.dtype for s in self.sources])
+        self._affine_params = self._affine()
         self._table_cache: tuple[int, SampleTable] | None = None
         self._table_fixed = self._build_table(0) if self.sampling.mode != "random" else None
         self._epoch_base = 0
@@ -477,67 +479,99 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
     def _cursor(nbatches: Sequence[int], wid: int, j: int) -> int:
         return sum(min(j, nv) for nv in nbatches) + sum(1 for v in range(wid) if nbatches[v] > j)
 
+    def _affine(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values
+        to the output (CF scale/offset and normalisation folded into one multiply-add); fill NaN = none."""
+        gains, offs, fills = [], [], []
+        for i, src in enumerate(self.sources):
+            n = self.n_bands
+            g = np.full(n, src.scale, np.float64)
+            o = np.full(n, src.add_offset, np.float64)
+            norm = self._norm[i]
+            if norm is not None:  # (x * scale + offset - mean) / std
+                g, o = g / norm[1], (o - norm[0]) / norm[1]
+            gains.append(g)
+            offs.append(o)
+            fills.append(np.nan if src.fill_value is None else src.fill_value)
+        return (np.stack(gains).astype(np.float32), np.stack(offs).astype(np.float32), np.array(fills, np.float64))
+
     def _assemble(self, plan: EpochPlan, table: SampleTable, lo: int, hi: int, chunks: list[tuple[int, int]],
                   reader: ChunkReader, metrics: LoaderMetrics) -> dict[str, Any]:
+        """Cut the batch's windows from their chunks in the stored type, then convert all at once in torch."""
         h, w = table.size
         idx = plan.order[lo:hi]
         rows = table.rows[idx]
-        out = np.full((idx.size, self.n_bands, h, w), np.nan, np.float32)
-        keep = np.ones(idx.size, bool)
+        n = idx.size
+        raw = np.empty((n, self.n_bands, h, w), self._raw_dtype)
+        outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
+        keep = np.ones(n, bool)
         used = 0
         t_wait = metrics.chunk_wait_s
         t0 = time.perf_counter()
-        for i in range(idx.size):
+        for i in range(n):
             s, r, c = (int(v) for v in rows[i])
             src = self.sources[s]
             g = src.grid
             bands = self._bands[s]
+            if r < 0 or c < 0 or r + h > g.height or c + w > g.width:
+                if outside is None:
+                    outside = np.zeros((n, h, w), bool)
+                outside[i] = True
+                outside[i, max(r, 0) - r:min(r + h, g.height) - r, max(c, 0) - c:min(c + w, g.width) - c] = False
+                raw[i] = 0
             for cpos in plan.chunks_of(lo + i):
-                arr = reader.get(chunks[int(cpos)])
+                key = chunks[int(cpos)]
+                arr = reader.get(key)
                 if arr is None:
                     keep[i] = False
                     break
-                cy, cx = divmod(chunks[int(cpos)][1], g.nx)
+                cy, cx = divmod(key[1], g.nx)
                 y0, x0 = cy * g.chunk_h, cx * g.chunk_w
                 ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_h, g.height)
                 rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_w, g.width)
                 if ry0 >= ry1 or rx0 >= rx1:
                     continue
                 part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
-                if bands is not None:
-                    part = part[bands]
-                dst = out[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
-                dst[...] = part
-                if src.fill_value is not None:
-                    dst[self._is_fill(part, src.fill_value)] = np.nan
-                used += part.nbytes
-        dropped = int((~keep).sum())
-        invalid = 0
-        if self.sampling.min_valid > 0:
-            frac = np.isfinite(out).mean(axis=(1, 2, 3))
-            low = keep & (frac < self.sampling.min_valid)
-            invalid = int(low.sum())
-            keep &= ~low
-        if dropped or invalid:
-            out, idx, rows = out[keep], idx[keep], rows[keep]
-        # physical units, then normalisation, per scene
+                dst = raw[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
+                if bands is None:
+                    dst[...] = part
+                else:
+                    dst[...] = part[bands]
+                used += dst.nbytes
+        if not keep.all():
+            raw, idx, rows = raw[keep], idx[keep], rows[keep]
+            outside = outside[keep] if outside is not None else None
         scenes = rows[:, SCENE]
-        for s in np.unique(scenes):
-            src = self.sources[int(s)]
-            m = scenes == s
-            x = out[m]
-            if src.scale != 1.0 or src.add_offset != 0.0:
-                x = x * np.float32(src.scale) + np.float32(src.add_offset)
-            norm = self._norm[int(s)]
-            if norm is not None:
-                x = (x - norm[0][None, :, None, None]) / norm[1][None, :, None, None]
-            out[m] = x
-        np.nan_to_num(out, copy=False, nan=self.spectral.fill, posinf=self.spectral.fill, neginf=self.spectral.fill)
-        if self.spectral.projection is not None:
-            out = self.spectral.projection.apply(out)
-        image = torch.from_numpy(np.ascontiguousarray(out, dtype=np.dtype(self.spectral.dtype)))
+        gain, off, fillv = (v[scenes] for v in self._affine_params)
+        x = torch.from_numpy(raw).to(torch.float32)
+        bad: torch.Tensor | None = None
+        have_fill = np.isfinite(fillv)
+        if have_fill.any():
+            bad = x.eq(torch.from_numpy(np.where(have_fill, fillv, np.nan).astype(np.float32)).view(-1, 1, 1, 1))
+        if raw.dtype.kind == "f":
+            nan = torch.isnan(x)
+            bad = nan if bad is None else bad.logical_or_(nan)
+        if outside is not None:
+            out_t = torch.from_numpy(outside).unsqueeze(1)
+            bad = out_t.expand_as(x) if bad is None else bad.logical_or_(out_t)
+        x.mul_(torch.from_numpy(gain).view(*gain.shape, 1, 1)).add_(torch.from_numpy(off).view(*off.shape, 1, 1))
+        invalid = 0
+        if bad is not None:
+            if self.sampling.min_valid > 0:
+                frac = 1.0 - bad.float().mean(dim=(1, 2, 3)).numpy()
+                ok = frac >= self.sampling.min_valid
+                invalid = int((~ok).sum())
+                if invalid:
+                    sel = torch.from_numpy(np.flatnonzero(ok))
+                    x, bad, idx, rows, scenes = x[sel], bad[sel], idx[ok], rows[ok], scenes[ok]
+            x.masked_fill_(bad, self.spectral.fill)
+        proj = self.spectral.projection
+        if proj is not None:
+            x = torch.einsum("kc,bchw->bkhw", torch.from_numpy(proj.matrix.astype(np.float32)),
+                             x - torch.from_numpy(proj.center.astype(np.float32)).view(1, -1, 1, 1))
+        image = x.to(torch.float16) if self.spectral.dtype == "float16" else x.contiguous()
         label = self._batch_labels(table, idx, rows)
-        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=dropped, invalid_samples=invalid,
+        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
         return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
