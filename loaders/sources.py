@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -359,9 +360,12 @@ def _open_cog(url: str, scene_id: str, options: S3Options | None, record: dict[s
 
     refs = build_refs(url, storage_options=options)
     tmp = Path(tempfile.mkdtemp(prefix="cubelake-cogrefs-"))
-    path = write_refs(refs, tmp / f"{scene_id}.refs.json", "json")
-    root = url.rsplit("/", 1)[0] if url.startswith("s3://") else str(Path(split_url(url)[2]).parent)
-    return _open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
+    try:  # the references are read into memory on opening; the file is only their way in
+        path = write_refs(refs, tmp / f"{scene_id}.refs.json", "json")
+        root = url.rsplit("/", 1)[0] if url.startswith("s3://") else str(Path(split_url(url)[2]).parent)
+        return _open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | None) -> ChunkSource:
