@@ -422,7 +422,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         n = len(plan) if not self.plan_spec.drop_last else nbatches[wid] * bs
         chunks = [(int(s), int(c)) for s, c in plan.chunks]
         by_last = np.argsort(plan.last_use, kind="stable")
-        next_req = 0
+        next_req = need_end = 0
         next_rel = 0
         start = skip * bs
         # chunks only the skipped samples needed are never loaded
@@ -437,19 +437,17 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         for b in range(skip, nbatches[wid]):
             t0 = time.perf_counter()
             lo, hi = b * bs, min((b + 1) * bs, n)
-            need: list[tuple[int, int]] = []
-            while next_req < len(chunks) and plan.first_use[next_req] < hi:
-                if plan.last_use[next_req] >= lo:
-                    need.append(chunks[next_req])
-                next_req += 1
-            reader.request(need)
+            # chunks are in first-use order: those before need_end serve this batch
+            while need_end < len(chunks) and plan.first_use[need_end] < hi:
+                need_end += 1
+            reader.request([chunks[k] for k in range(next_req, need_end) if plan.last_use[k] >= lo])
+            next_req = max(next_req, need_end)
+            # then keep up to `prefetch` chunks beyond them in flight or held, as the budget allows
             ahead: list[tuple[int, int]] = []
-            j = next_req
-            while j < len(chunks) and len(ahead) < self.prefetch and reader.has_room(chunks[j]):
-                ahead.append(chunks[j])
-                j += 1
+            while next_req < len(chunks) and next_req - need_end < self.prefetch and reader.has_room(chunks[next_req]):
+                ahead.append(chunks[next_req])
+                next_req += 1
             reader.request(ahead)
-            next_req = j
             batch = self._assemble(plan, table, lo, hi, chunks, reader, metrics)
             while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
                 reader.release(chunks[by_last[next_rel]])
@@ -505,6 +503,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         raw = np.empty((n, self.n_bands, h, w), self._raw_dtype)
         outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
         keep = np.ones(n, bool)
+        masked = np.zeros(n, bool)  # samples touching a chunk with nodata
         used = 0
         t_wait = metrics.chunk_wait_s
         t0 = time.perf_counter()
@@ -519,12 +518,14 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 outside[i] = True
                 outside[i, max(r, 0) - r:min(r + h, g.height) - r, max(c, 0) - c:min(c + w, g.width) - c] = False
                 raw[i] = 0
+                masked[i] = True
             for cpos in plan.chunks_of(lo + i):
                 key = chunks[int(cpos)]
                 arr = reader.get(key)
                 if arr is None:
                     keep[i] = False
                     break
+                masked[i] |= reader.has_fill(key)
                 cy, cx = divmod(key[1], g.nx)
                 y0, x0 = cy * g.chunk_h, cx * g.chunk_w
                 ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_h, g.height)
@@ -533,43 +534,43 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                     continue
                 part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
                 dst = raw[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
-                if bands is None:
-                    dst[...] = part
-                else:
-                    dst[...] = part[bands]
+                dst[...] = part if bands is None else part[bands]
                 used += dst.nbytes
         if not keep.all():
-            raw, idx, rows = raw[keep], idx[keep], rows[keep]
+            raw, idx, rows, masked = raw[keep], idx[keep], rows[keep], masked[keep]
             outside = outside[keep] if outside is not None else None
         scenes = rows[:, SCENE]
         gain, off, fillv = (v[scenes] for v in self._affine_params)
-        x = torch.from_numpy(raw).to(torch.float32)
-        bad: torch.Tensor | None = None
-        have_fill = np.isfinite(fillv)
-        if have_fill.any():
-            bad = x.eq(torch.from_numpy(np.where(have_fill, fillv, np.nan).astype(np.float32)).view(-1, 1, 1, 1))
-        if raw.dtype.kind == "f":
-            nan = torch.isnan(x)
-            bad = nan if bad is None else bad.logical_or_(nan)
-        if outside is not None:
-            out_t = torch.from_numpy(outside).unsqueeze(1)
-            bad = out_t.expand_as(x) if bad is None else bad.logical_or_(out_t)
-        x.mul_(torch.from_numpy(gain).view(*gain.shape, 1, 1)).add_(torch.from_numpy(off).view(*off.shape, 1, 1))
+        # numpy, not torch: on this path numpy's int16 -> float32 cast is 2-4x torch's, and it
+        # leaves torch's thread pool to the model
+        x = raw.astype(np.float32)
+        if not (np.all(gain == 1.0) and np.all(off == 0.0)):
+            x *= gain[:, :, None, None]
+            x += off[:, :, None, None]
         invalid = 0
-        if bad is not None:
+        mi = np.flatnonzero(masked)
+        if mi.size:  # nodata, NaN and outside pixels, of the samples that can have them
+            sub_raw, sub = raw[mi], x[mi]
+            bad = np.isnan(sub) if raw.dtype.kind == "f" else np.zeros(sub.shape, bool)
+            fills = fillv[mi]
+            has = np.isfinite(fills)
+            if has.any():
+                bad |= (sub_raw == np.where(has, fills, 0).astype(raw.dtype)[:, None, None, None]) & has[:, None, None, None]
+            if outside is not None:
+                bad |= outside[mi][:, None]
+            sub[bad] = self.spectral.fill
+            x[mi] = sub
             if self.sampling.min_valid > 0:
-                frac = 1.0 - bad.float().mean(dim=(1, 2, 3)).numpy()
+                frac = np.ones(raw.shape[0])
+                frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
                 ok = frac >= self.sampling.min_valid
                 invalid = int((~ok).sum())
                 if invalid:
-                    sel = torch.from_numpy(np.flatnonzero(ok))
-                    x, bad, idx, rows, scenes = x[sel], bad[sel], idx[ok], rows[ok], scenes[ok]
-            x.masked_fill_(bad, self.spectral.fill)
+                    x, idx, rows, scenes = x[ok], idx[ok], rows[ok], scenes[ok]
         proj = self.spectral.projection
         if proj is not None:
-            x = torch.einsum("kc,bchw->bkhw", torch.from_numpy(proj.matrix.astype(np.float32)),
-                             x - torch.from_numpy(proj.center.astype(np.float32)).view(1, -1, 1, 1))
-        image = x.to(torch.float16) if self.spectral.dtype == "float16" else x.contiguous()
+            x = proj.apply(x)
+        image = torch.from_numpy(np.ascontiguousarray(x, dtype=np.dtype(self.spectral.dtype)))
         label = self._batch_labels(table, idx, rows)
         metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))

@@ -76,6 +76,7 @@ class ChunkReader:
         self._reserved = 0  # bytes of chunks in flight
         self._decoded: set[ChunkKey] = set()
         self._failed: dict[ChunkKey, str] = {}
+        self._has_fill: dict[ChunkKey, bool] = {}
         self._stores: dict[str, tuple[ByteStore, str]] = {}
 
     # -- epoch --------------------------------------------------------------------------------------
@@ -98,7 +99,8 @@ class ChunkReader:
     def has_room(self, key: ChunkKey) -> bool:
         """Whether prefetching ``key`` fits the budget (released chunks count as free)."""
         with self._lock:
-            pinned = sum(a.nbytes for k, a in self._mem.items() if k in self._pinned)
+            # every chunk still needed counts, held or not: one evicted early will be decoded again
+            pinned = sum(self._nbytes(k) for k in self._pinned if k not in self._inflight)
             return pinned + self._reserved + self._nbytes(key) <= self.config.cache_bytes
 
     def _evict(self) -> None:
@@ -174,6 +176,10 @@ class ChunkReader:
             return None
         finally:
             self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
+
+    def has_fill(self, key: ChunkKey) -> bool:
+        """Whether the decoded chunk holds any nodata (or NaN) pixel; ``True`` when unknown."""
+        return self._has_fill.get(key, True)
 
     # -- loading ------------------------------------------------------------------------------------
 
@@ -300,7 +306,13 @@ class ChunkReader:
             self._fail(key, e)
             return
         dt = time.perf_counter() - t0
+        # whether any pixel is nodata: found here, on the decode threads, so batches cut from
+        # all-valid chunks (most of a scene) skip the masking pass on the consumer's side
+        fill = src.fill_value
+        has_fill = bool(np.isnan(arr).any()) if arr.dtype.kind == "f" else \
+            (fill is not None and np.isfinite(fill) and bool((arr == np.asarray(fill).astype(arr.dtype)).any()))
         with self._lock:
+            self._has_fill[key] = has_fill
             again = key in self._decoded
             self._decoded.add(key)
             self._mem[key] = arr
