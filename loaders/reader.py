@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -77,6 +78,7 @@ class ChunkReader:
         self._decoded: set[ChunkKey] = set()
         self._failed: dict[ChunkKey, str] = {}
         self._has_fill: dict[ChunkKey, bool] = {}
+        self._spare: list[np.ndarray] = []  # evicted chunks, reused as decode buffers
         self._stores: dict[str, tuple[ByteStore, str]] = {}
 
     # -- epoch --------------------------------------------------------------------------------------
@@ -113,7 +115,10 @@ class ChunkReader:
                 if self._held + self._reserved <= budget:
                     return
                 if pinned_too or k not in self._pinned:
-                    self._held -= self._mem.pop(k).nbytes
+                    a = self._mem.pop(k)
+                    self._held -= a.nbytes
+                    if len(self._spare) < 4:
+                        self._spare.append(a)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -176,6 +181,19 @@ class ChunkReader:
             return None
         finally:
             self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
+
+    def _spare_buffer(self, nbytes: int) -> np.ndarray | None:
+        """An evicted chunk's memory (as bytes) nobody refers to any more, or ``None``."""
+        with self._lock:
+            for i, a in enumerate(self._spare):
+                # 3 = the list, the loop variable, getrefcount's argument: no batch still reads a view of it
+                if a.nbytes == nbytes and sys.getrefcount(a) <= 3:
+                    del self._spare[i]
+                    root = a
+                    while isinstance(root.base, np.ndarray):
+                        root = root.base
+                    return root.reshape(-1).view(np.uint8) if root.flags.c_contiguous and root.nbytes == nbytes else None
+        return None
 
     def has_fill(self, key: ChunkKey) -> bool:
         """Whether the decoded chunk holds any nodata (or NaN) pixel; ``True`` when unknown."""
@@ -295,11 +313,11 @@ class ChunkReader:
         t0 = time.perf_counter()
         try:
             if len(parts) == 1 and parts[0][0].band_start == 0 and parts[0][0].band_stop == src.n_bands:
-                arr = src.decoder(parts[0][1])
+                arr = src.decoder(parts[0][1], self._spare_buffer(src.chunk_nbytes))
             else:
                 arr = src.empty_chunk()
                 for p, data in parts:
-                    arr[p.band_start:p.band_stop] = src.decoder(data)[: p.band_stop - p.band_start]
+                    arr[p.band_start:p.band_stop] = src.decoder(data, None)[: p.band_stop - p.band_start]
             if arr.shape != src.chunk_shape:
                 raise ValueError(f"decoded shape {arr.shape}, expected {src.chunk_shape}")
         except (ValueError, RuntimeError, TypeError, OSError) as e:  # codec errors (blosc, zstd, imagecodecs)

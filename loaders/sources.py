@@ -52,7 +52,7 @@ class Piece:
     band_stop: int
 
 
-Decoder = Callable[[bytes | memoryview], np.ndarray]
+Decoder = Callable[[bytes | memoryview, "np.ndarray | None"], np.ndarray]  # (stored bytes, reusable output buffer)
 
 
 @dataclass(slots=True)
@@ -129,7 +129,7 @@ def _v3_decoder(codecs: Sequence[Any], dtype: np.dtype[Any], shape: tuple[int, .
         if isinstance(c, BytesCodec):
             endian = c.endian.value if c.endian is not None else "little"
         elif isinstance(c, BloscCodec):
-            steps.append(lambda b: numcodecs.blosc.decompress(b, np.empty(nbytes, np.uint8)))
+            steps.append(numcodecs.blosc.decompress)
         elif isinstance(c, ZstdCodec):
             steps.append(numcodecs.Zstd().decode)
         elif isinstance(c, GzipCodec):
@@ -143,10 +143,16 @@ def _v3_decoder(codecs: Sequence[Any], dtype: np.dtype[Any], shape: tuple[int, .
     file_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
     bb = steps[::-1]
 
-    def decode(raw: bytes | memoryview) -> np.ndarray:
-        buf: Any = raw
-        for step in bb:
-            buf = step(buf)
+    blosc_only = len(codecs) == 2 and isinstance(codecs[1], BloscCodec)
+
+    def decode(raw: bytes | memoryview, out: np.ndarray | None = None) -> np.ndarray:
+        if blosc_only:  # straight into a reused buffer: a fresh 16 MiB one costs its page faults every time
+            buf: Any = numcodecs.blosc.decompress(raw, out if out is not None and out.nbytes == nbytes
+                                                  else np.empty(nbytes, np.uint8))
+        else:
+            buf = raw
+            for step in bb:
+                buf = step(buf)
         a = np.frombuffer(buf, dtype=file_dtype).reshape(shape)
         return a if file_dtype.isnative else a.astype(dtype)
 
@@ -163,7 +169,7 @@ def _v2_decoder(zarray: dict[str, Any], shape: tuple[int, ...]) -> Decoder:
     dtype = np.dtype(zarray["dtype"])
     order = zarray.get("order", "C")
 
-    def decode(raw: bytes | memoryview) -> np.ndarray:
+    def decode(raw: bytes | memoryview, out: np.ndarray | None = None) -> np.ndarray:
         buf: Any = comp.decode(raw) if comp is not None else raw
         for f in filters:
             buf = f.decode(buf)
