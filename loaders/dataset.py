@@ -181,7 +181,6 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
         self._norm = self._normalisation(stats_chunks)
-        self._raw_dtype = np.result_type(*[s.dtype for s in self.sources])
         self._affine_params = self._affine()
         self._buffers = BufferPool()
         self._table_cache: tuple[int, SampleTable] | None = None
@@ -532,7 +531,8 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         idx = plan.order[lo:hi]
         rows = table.rows[idx]
         n = idx.size
-        raw = self._buffers.get((n, self.n_bands, h, w), self._raw_dtype)
+        # windows are cast to float32 as they are copied out of the chunks: one pass, not two
+        x = self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
         outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
         keep = np.ones(n, bool)
         masked = np.zeros(n, bool)  # samples touching a chunk with nodata
@@ -549,7 +549,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                     outside = np.zeros((n, h, w), bool)
                 outside[i] = True
                 outside[i, max(r, 0) - r:min(r + h, g.height) - r, max(c, 0) - c:min(c + w, g.width) - c] = False
-                raw[i] = 0
+                x[i] = 0
                 masked[i] = True
             for cpos in plan.chunks_of(lo + i):
                 key = chunks[int(cpos)]
@@ -565,36 +565,35 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 if ry0 >= ry1 or rx0 >= rx1:
                     continue
                 part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
-                dst = raw[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
+                dst = x[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
                 dst[...] = part if bands is None else part[bands]
-                used += dst.nbytes
+                used += part.nbytes if bands is None else part.nbytes // part.shape[0] * bands.size
         if not keep.all():
-            raw, idx, rows, masked = raw[keep], idx[keep], rows[keep], masked[keep]
+            x, idx, rows, masked = x[keep], idx[keep], rows[keep], masked[keep]
             outside = outside[keep] if outside is not None else None
         scenes = rows[:, SCENE]
         gain, off, fillv = (v[scenes] for v in self._affine_params)
-        # numpy, not torch: on this path numpy's int16 -> float32 cast is 2-4x torch's, and it
-        # leaves torch's thread pool to the model
-        x = self._buffers.get(raw.shape, np.dtype(np.float32))
-        x[...] = raw
+        invalid = 0
+        mi = np.flatnonzero(masked)
+        bad: np.ndarray | None = None
+        if mi.size:  # nodata, NaN and outside pixels of the samples that can have them (before scaling)
+            sub = x[mi]
+            bad = np.isnan(sub)
+            fills = fillv[mi]
+            has = np.isfinite(fills)
+            if has.any():  # stored values are exact in float32 for the integer types cubelake writes
+                bad |= (sub == np.where(has, fills, np.nan).astype(np.float32)[:, None, None, None])
+            if outside is not None:
+                bad |= outside[mi][:, None]
         if not (np.all(gain == 1.0) and np.all(off == 0.0)):
             x *= gain[:, :, None, None]
             x += off[:, :, None, None]
-        invalid = 0
-        mi = np.flatnonzero(masked)
-        if mi.size:  # nodata, NaN and outside pixels, of the samples that can have them
-            sub_raw, sub = raw[mi], x[mi]
-            bad = np.isnan(sub) if raw.dtype.kind == "f" else np.zeros(sub.shape, bool)
-            fills = fillv[mi]
-            has = np.isfinite(fills)
-            if has.any():
-                bad |= (sub_raw == np.where(has, fills, 0).astype(raw.dtype)[:, None, None, None]) & has[:, None, None, None]
-            if outside is not None:
-                bad |= outside[mi][:, None]
+        if bad is not None:
+            sub = x[mi]
             sub[bad] = self.spectral.fill
             x[mi] = sub
             if self.sampling.min_valid > 0:
-                frac = np.ones(raw.shape[0])
+                frac = np.ones(x.shape[0])
                 frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
                 ok = frac >= self.sampling.min_valid
                 invalid = int((~ok).sum())

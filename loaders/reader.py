@@ -58,6 +58,17 @@ class ReaderConfig:
     strict: bool = False
 
 
+def _has_fill(arr: np.ndarray, fill: float | None) -> bool:
+    """Whether ``arr`` holds a NaN (floats) or the ``fill`` value."""
+    if arr.dtype.kind == "f":
+        return bool(np.isnan(arr).any()) or (fill is not None and np.isfinite(fill) and bool((arr == fill).any()))
+    if fill is None or not np.isfinite(fill):
+        return False
+    # one reduction, no 16 MiB temporary: fill values usually sit at the type's edge (-32768, 0, -9999)
+    lo, hi = arr.min(), arr.max()
+    return bool(lo <= fill <= hi) and bool((arr == np.asarray(fill).astype(arr.dtype)).any())
+
+
 class ChunkReader:
     """Concurrent, budgeted chunk fetching and decoding for one process."""
 
@@ -326,9 +337,7 @@ class ChunkReader:
         dt = time.perf_counter() - t0
         # whether any pixel is nodata: found here, on the decode threads, so batches cut from
         # all-valid chunks (most of a scene) skip the masking pass on the consumer's side
-        fill = src.fill_value
-        has_fill = bool(np.isnan(arr).any()) if arr.dtype.kind == "f" else \
-            (fill is not None and np.isfinite(fill) and bool((arr == np.asarray(fill).astype(arr.dtype)).any()))
+        has_fill = _has_fill(arr, src.fill_value)
         with self._lock:
             self._has_fill[key] = has_fill
             again = key in self._decoded
