@@ -44,6 +44,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/ingest_throughput.py
 	$(BIN)/python bench/refs.py
 	$(BIN)/python bench/catalog.py --items 1000000 --queries 200
+	$(BIN)/python bench/loader.py
 
 clean:
 	rm -rf $(VENV) $(LAKE) .pytest_cache
