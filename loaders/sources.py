@@ -222,6 +222,15 @@ def _labels_tif(path: Path, shape: tuple[int, int]) -> Callable[[], np.ndarray |
     return load
 
 
+def _stored_chunks(grid: ChunkGrid, band_chunks: int, locate: Callable[[int, int, int], Any]) -> np.ndarray:
+    """``(ny, nx)``: whether any band chunk of each spatial chunk is stored."""
+    m = np.zeros((grid.ny, grid.nx), bool)
+    for cy in range(grid.ny):
+        for cx in range(grid.nx):
+            m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(band_chunks))
+    return m
+
+
 # -- openers ------------------------------------------------------------------------------------------
 
 
@@ -295,11 +304,7 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
         return (base + k, 0, -1) if k in stored_keys() else None
 
     def present() -> np.ndarray:
-        m = np.zeros((grid.ny, grid.nx), bool)
-        for cy in range(grid.ny):
-            for cx in range(grid.nx):
-                m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(-(-nb // cb)))
-        return m
+        return _stored_chunks(grid, -(-nb // cb), locate)
 
     def labels() -> np.ndarray | None:
         if "labels" not in group:
@@ -348,11 +353,7 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
         return v
 
     def present() -> np.ndarray:
-        m = np.zeros((grid.ny, grid.nx), bool)
-        for cy in range(grid.ny):
-            for cx in range(grid.nx):
-                m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(-(-nb // cb)))
-        return m
+        return _stored_chunks(grid, -(-nb // cb), locate)
 
     labels = _labels_tif(labels_path, (h, w)) if labels_path is not None and labels_path.exists() else (lambda: None)
     return ChunkSource(scene_id, kind, url, grid, nb, cb, dtype, fill_v, scale, offset, wl, fw, stats, version,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cubelake.refs.security import split_url as refs_split_url
 from cubelake.refs.store import S3Options, s3_config
 
 __all__ = ["ByteStore", "DiskCache", "LocalBytes", "Range", "S3Bytes", "coalesce", "open_bytes", "split_url"]
@@ -140,15 +141,14 @@ def check_fork_safe(what: str) -> None:
 
 
 def split_url(url: str) -> tuple[str, str, str]:
-    """``(scheme, bucket, key)`` of ``s3://bucket/key``; ``("file", "", absolute path)`` otherwise."""
-    if url.startswith("s3://"):
-        bucket, _, key = url[5:].partition("/")
+    """``(scheme, bucket, key)`` of ``s3://bucket/key``; ``("file", "", absolute path)`` for local paths."""
+    scheme, where = refs_split_url(url)
+    if scheme == "s3":
+        bucket, _, key = where.partition("/")
         return "s3", bucket, key
-    if url.startswith("file://"):
-        url = url[7:]
-    if "://" in url:
+    if scheme != "file":
         raise ValueError(f"{url}: unsupported URL scheme; use a local path or s3://bucket/key")
-    return "file", "", str(Path(url).resolve())
+    return "file", "", str(Path(where).resolve())
 
 
 _LOCAL = LocalBytes()
