@@ -93,19 +93,19 @@ class Sampling:
         return (s, s) if isinstance(s, int) else (int(s[0]), int(s[1]))
 
 
-def _delivery_skip(sizes: Sequence[int], worker: int, batches_done: int) -> int:
-    """How many of ``worker``'s batches a DataLoader delivered among its first ``batches_done``.
+def _delivery_position(nbatches: Sequence[int], worker: int, j: int) -> int:
+    """Where a DataLoader delivers batch ``j`` of ``worker`` among all its workers' batches.
 
     With an ``IterableDataset`` the DataLoader takes batches from its workers in turn, skipping
-    workers that are done, so batch ``j`` of worker ``w`` is delivered at position
-    ``sum_v min(j, n_v) + #{v < w : n_v > j}``.
+    workers that are done: ``sum_v min(j, n_v) + #{v < worker : n_v > j}``.
     """
-    n = list(sizes)
+    return sum(min(j, nv) for nv in nbatches) + sum(1 for v in range(worker) if nbatches[v] > j)
+
+
+def _delivery_skip(nbatches: Sequence[int], worker: int, batches_done: int) -> int:
+    """How many of ``worker``'s batches were among the first ``batches_done`` delivered."""
     skip = 0
-    for j in range(n[worker]):
-        pos = sum(min(j, nv) for nv in n) + sum(1 for v in range(worker) if n[v] > j)
-        if pos >= batches_done:
-            break
+    while skip < nbatches[worker] and _delivery_position(nbatches, worker, skip) < batches_done:
         skip += 1
     return skip
 
@@ -360,9 +360,9 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         rank, world, wid, nw = self._shard()
-        if get_worker_info() is not None and any(s.url.startswith("s3://") or s.kind != "zarr" for s in self.sources):
+        if get_worker_info() is not None:
             for s in self.sources:
-                if s.url.startswith("s3://") or (s.storage_options and s.kind != "zarr"):
+                if s.url.startswith("s3://") or s.storage_options:
                     check_fork_safe(s.url)
         epoch = self._epoch_base + self._iters
         self._iters += 1
@@ -483,7 +483,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
                 reader.release(chunks[by_last[next_rel]])
                 next_rel += 1
-            batch.update(epoch=epoch, cursor=self._cursor(nbatches, wid, b), worker=wid, num_workers=nw, world_size=world)
+            batch.update(epoch=epoch, cursor=_delivery_position(nbatches, wid, b), worker=wid, num_workers=nw, world_size=world)
             metrics.batches += 1
             now = time.perf_counter()
             busy += now - t0
@@ -503,10 +503,6 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             metrics.wait_s = busy
         metrics.save(path)
         self._last_metrics = metrics
-
-    @staticmethod
-    def _cursor(nbatches: Sequence[int], wid: int, j: int) -> int:
-        return sum(min(j, nv) for nv in nbatches) + sum(1 for v in range(wid) if nbatches[v] > j)
 
     def _affine(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values

@@ -82,9 +82,12 @@ def test_dataloader_workers_split_chunks_and_cover_the_epoch(synth_lake: dict[st
     epochs = []
     for epoch in range(2):
         ds.set_epoch(epoch)
-        got = windows(ds.timed(loader))
+        batches = list(ds.timed(loader))
+        got = windows(batches)
         assert len(got) == len(set(got))
         assert set(got) == single
+        # each batch knows where the DataLoader delivers it: what resuming relies on
+        assert [int(b["cursor"]) for b in batches] == list(range(len(batches)))
         epochs.append(got)
     assert epochs[0] != epochs[1]  # a new order every epoch
     m0, m1 = ds.metrics(0), ds.metrics(1)
