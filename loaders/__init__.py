@@ -11,18 +11,11 @@ torch is imported by ``dataset`` only.
 
 from __future__ import annotations
 
+from cubelake.grid import ChunkGrid
+
 from .dataset import CubeDataset, Sampling
 from .metrics import LoaderMetrics
-from .plan import (
-    ChunkGrid,
-    EpochPlan,
-    PlanSpec,
-    Randomness,
-    SampleTable,
-    plan_epoch,
-    randomness,
-    window_chunks,
-)
+from .plan import EpochPlan, PlanSpec, Randomness, SampleTable, plan_epoch, randomness
 from .reader import ChunkReader, ChunkReadError, ReaderConfig
 from .sources import ChunkSource, ProductError, open_source, open_sources
 from .spectral import Projection, Spectral, fit_pca, select_bands
@@ -52,5 +45,4 @@ __all__ = [
     "plan_epoch",
     "randomness",
     "select_bands",
-    "window_chunks",
 ]

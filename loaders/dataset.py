@@ -35,6 +35,7 @@ from .plan import (
     EpochPlan,
     PlanSpec,
     SampleTable,
+    batch_count,
     label_windows,
     plan_epoch,
     random_windows,
@@ -379,7 +380,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                         need / 2**20, self.reader_config.cache_bytes / 2**20)
         bs = self.plan_spec.batch_size
         sizes = plan.worker_sizes
-        nbatches = [(n // bs if self.plan_spec.drop_last else -(-n // bs)) for n in sizes]
+        nbatches = [batch_count(n, bs, self.plan_spec.drop_last) for n in sizes]
         if resume is not None:
             if int(resume["num_workers"]) != nw or int(resume.get("world_size", world)) != world:
                 raise ValueError(f"state was saved with {resume['num_workers']} workers x {resume.get('world_size')} "
@@ -554,10 +555,10 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                     keep[i] = False
                     break
                 masked[i] |= reader.has_fill(key)
-                cy, cx = divmod(key[1], g.nx)
-                y0, x0 = cy * g.chunk_h, cx * g.chunk_w
-                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_h, g.height)
-                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_w, g.width)
+                cy, cx = divmod(key[1], g.n_cols)
+                y0, x0 = cy * g.chunk_y, cx * g.chunk_x
+                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_y, g.height)
+                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_x, g.width)
                 if ry0 >= ry1 or rx0 >= rx1:
                     continue
                 part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]

@@ -27,12 +27,14 @@ from typing import Literal
 
 import numpy as np
 
+from cubelake.grid import ChunkGrid
+
 __all__ = [
-    "ChunkGrid",
     "EpochPlan",
     "PlanSpec",
     "Randomness",
     "SampleTable",
+    "batch_count",
     "chunk_sequence",
     "label_windows",
     "plan_epoch",
@@ -40,7 +42,6 @@ __all__ = [
     "randomness",
     "residency",
     "sliding_windows",
-    "window_chunks",
 ]
 
 Edge = Literal["drop", "pad"]
@@ -48,32 +49,6 @@ Order = Literal["local", "random"]
 
 # sample table columns
 SCENE, ROW, COL = 0, 1, 2
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkGrid:
-    """A scene's ``(y, x)`` raster and its chunk grid (chunks cover all bands)."""
-
-    height: int
-    width: int
-    chunk_h: int
-    chunk_w: int
-
-    def __post_init__(self) -> None:
-        if min(self.height, self.width, self.chunk_h, self.chunk_w) <= 0:
-            raise ValueError(f"grid sizes must be positive, got {self}")
-
-    @property
-    def ny(self) -> int:
-        return -(-self.height // self.chunk_h)
-
-    @property
-    def nx(self) -> int:
-        return -(-self.width // self.chunk_w)
-
-    @property
-    def n_chunks(self) -> int:
-        return self.ny * self.nx
 
 
 @dataclass(slots=True)
@@ -164,30 +139,22 @@ def _chunk_span(grid: ChunkGrid, rows: np.ndarray, size: tuple[int, int]) -> tup
     r1 = np.clip(rows[:, ROW] + size[0] - 1, 0, grid.height - 1)
     c0 = np.clip(rows[:, COL], 0, grid.width - 1)
     c1 = np.clip(rows[:, COL] + size[1] - 1, 0, grid.width - 1)
-    return r0 // grid.chunk_h, r1 // grid.chunk_h, c0 // grid.chunk_w, c1 // grid.chunk_w
+    return r0 // grid.chunk_y, r1 // grid.chunk_y, c0 // grid.chunk_x, c1 // grid.chunk_x
 
 
 def _keep_valid(table: SampleTable, grid: ChunkGrid, valid_chunks: np.ndarray | None) -> SampleTable:
     if valid_chunks is None or len(table) == 0:
         return table
-    if valid_chunks.shape != (grid.ny, grid.nx):
-        raise ValueError(f"valid_chunks has shape {valid_chunks.shape}, the grid has {(grid.ny, grid.nx)} chunks")
+    if valid_chunks.shape != (grid.n_rows, grid.n_cols):
+        raise ValueError(f"valid_chunks has shape {valid_chunks.shape}, the grid has {(grid.n_rows, grid.n_cols)} chunks")
     cy0, cy1, cx0, cx1 = _chunk_span(grid, table.rows, table.size)
     any_valid = np.zeros(len(table), bool)
     for dy in range(int((cy1 - cy0).max()) + 1):
         for dx in range(int((cx1 - cx0).max()) + 1):
             y, x = cy0 + dy, cx0 + dx
             inside = (y <= cy1) & (x <= cx1)
-            any_valid |= inside & valid_chunks[np.minimum(y, grid.ny - 1), np.minimum(x, grid.nx - 1)]
+            any_valid |= inside & valid_chunks[np.minimum(y, grid.n_rows - 1), np.minimum(x, grid.n_cols - 1)]
     return table.take(np.flatnonzero(any_valid))
-
-
-def window_chunks(grid: ChunkGrid, row: int, col: int, size: tuple[int, int]) -> list[tuple[int, int]]:
-    """The ``(chunk_row, chunk_col)`` a window overlaps, row-major (none when it lies wholly outside)."""
-    if row + size[0] <= 0 or col + size[1] <= 0 or row >= grid.height or col >= grid.width:
-        return []
-    cy0, cy1, cx0, cx1 = (int(v[0]) for v in _chunk_span(grid, np.array([[0, row, col]]), size))
-    return [(y, x) for y in range(cy0, cy1 + 1) for x in range(cx0, cx1 + 1)]
 
 
 # -- traversal ----------------------------------------------------------------------------------------
@@ -195,11 +162,11 @@ def window_chunks(grid: ChunkGrid, row: int, col: int, size: tuple[int, int]) ->
 
 def _scene_traversal(grid: ChunkGrid, rng: np.random.Generator, order: Order) -> np.ndarray:
     """Flat chunk ids (``cy * nx + cx``) of one scene in visiting order."""
-    ids = np.arange(grid.n_chunks, dtype=np.int64).reshape(grid.ny, grid.nx)
+    ids = np.arange(grid.n_chunks, dtype=np.int64).reshape(grid.n_rows, grid.n_cols)
     if order == "random":
         return rng.permutation(ids.ravel())
     # row-major along the shorter side keeps a straddling window's chunks at most (short side + 1) apart
-    if grid.ny < grid.nx or (grid.ny == grid.nx and rng.random() < 0.5):
+    if grid.n_rows < grid.n_cols or (grid.n_rows == grid.n_cols and rng.random() < 0.5):
         ids = ids.T
     if rng.random() < 0.5:
         ids = ids[::-1]
@@ -304,9 +271,11 @@ class EpochPlan:
         """Positions (in ``chunks``) of the chunks the ``position``-th served sample needs."""
         return self.indices[self.indptr[position]: self.indptr[position + 1]]
 
-    def n_batches(self, batch_size: int, drop_last: bool) -> int:
-        n = len(self)
-        return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches ``samples`` make: the last partial one kept unless ``drop_last``."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
 def _sample_chunk_ids(grids: Sequence[ChunkGrid], table: SampleTable) -> tuple[np.ndarray, np.ndarray]:
@@ -318,7 +287,7 @@ def _sample_chunk_ids(grids: Sequence[ChunkGrid], table: SampleTable) -> tuple[n
     for s in np.unique(table.rows[:, SCENE]):
         m = table.rows[:, SCENE] == s
         spans[m] = np.stack(_chunk_span(grids[int(s)], table.rows[m], table.size), axis=1)
-    nx = np.array([g.nx for g in grids], np.int64)[table.rows[:, SCENE]]
+    nx = np.array([g.n_cols for g in grids], np.int64)[table.rows[:, SCENE]]
     hy = spans[:, 1] - spans[:, 0] + 1
     wx = spans[:, 3] - spans[:, 2] + 1
     counts = hy * wx
@@ -342,8 +311,8 @@ def _strip_units(grids: Sequence[ChunkGrid], scenes: np.ndarray, counts: dict[in
     units: list[tuple[int, np.ndarray, float]] = []
     for s in scenes:
         g = grids[int(s)]
-        ids = np.arange(g.n_chunks, dtype=np.int64).reshape(g.ny, g.nx)
-        ids = ids if g.ny >= g.nx else ids.T  # strips run across the shorter side
+        ids = np.arange(g.n_chunks, dtype=np.int64).reshape(g.n_rows, g.n_cols)
+        ids = ids if g.n_rows >= g.n_cols else ids.T  # strips run across the shorter side
         units.append((int(s), ids, float(counts[int(s)].sum())))
     while units:
         loads = [sum(units[i][2] for i in b) for b in _lpt([u[2] for u in units], bins)]
@@ -548,8 +517,8 @@ def _batch_mix(order: np.ndarray, table: SampleTable, grids: Sequence[ChunkGrid]
     rows = table.rows[order]
     cy = np.clip(rows[:, ROW] + table.size[0] // 2, 0, None)
     cx = np.clip(rows[:, COL] + table.size[1] // 2, 0, None)
-    ch = np.array([g.chunk_h for g in grids])[rows[:, SCENE]]
-    cw = np.array([g.chunk_w for g in grids])[rows[:, SCENE]]
+    ch = np.array([g.chunk_y for g in grids])[rows[:, SCENE]]
+    cw = np.array([g.chunk_x for g in grids])[rows[:, SCENE]]
     chunk = (rows[:, SCENE] << 40) | ((cy // ch) << 20) | (cx // cw)
     nb = max(1, order.size // batch)
     dc = [np.unique(chunk[i * batch:(i + 1) * batch]).size for i in range(nb)]

@@ -221,7 +221,7 @@ class ChunkReader:
 
     def _pieces(self, key: ChunkKey) -> list[Piece]:
         src = self.sources[key[0]]
-        cy, cx = divmod(key[1], src.grid.nx)
+        cy, cx = divmod(key[1], src.grid.n_cols)
         return src.pieces(cy, cx)
 
     def _groups(self, keys: Sequence[ChunkKey]) -> list[list[ChunkKey]]:
@@ -353,7 +353,7 @@ class ChunkReader:
 
     def _fail(self, key: ChunkKey, error: BaseException) -> None:
         src = self.sources[key[0]]
-        cy, cx = divmod(key[1], src.grid.nx)
+        cy, cx = divmod(key[1], src.grid.n_cols)
         msg = (f"{src.url}: chunk (row {cy}, col {cx}) of scene {src.scene_id} failed after "
                f"{self.config.retries + 1} attempts: {error}")
         with self._lock:

@@ -88,11 +88,11 @@ class ChunkSource:
 
     @property
     def chunk_shape(self) -> tuple[int, int, int]:
-        return (self.n_bands, self.grid.chunk_h, self.grid.chunk_w)
+        return (self.n_bands, self.grid.chunk_y, self.grid.chunk_x)
 
     @property
     def chunk_nbytes(self) -> int:
-        return self.n_bands * self.grid.chunk_h * self.grid.chunk_w * self.dtype.itemsize
+        return self.n_bands * self.grid.chunk_y * self.grid.chunk_x * self.dtype.itemsize
 
     def pieces(self, cy: int, cx: int) -> list[Piece]:
         """Where the chunk's bytes are; empty when no band chunk is stored (all fill)."""
@@ -224,9 +224,9 @@ def _labels_tif(path: Path, shape: tuple[int, int]) -> Callable[[], np.ndarray |
 
 def _stored_chunks(grid: ChunkGrid, band_chunks: int, locate: Callable[[int, int, int], Any]) -> np.ndarray:
     """``(ny, nx)``: whether any band chunk of each spatial chunk is stored."""
-    m = np.zeros((grid.ny, grid.nx), bool)
-    for cy in range(grid.ny):
-        for cx in range(grid.nx):
+    m = np.zeros((grid.n_rows, grid.n_cols), bool)
+    for cy in range(grid.n_rows):
+        for cx in range(grid.n_cols):
             m[cy, cx] = any(locate(b, cy, cx) is not None for b in range(band_chunks))
     return m
 
@@ -323,7 +323,7 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
 
     try:
         store = open_store(url, allowed_roots=allowed_roots, storage_options=options)
-    except CubelakeError:
+    except CubelakeError:  # already names the file and the fix (stale or disallowed target ...)
         raise
     except (OSError, ValueError) as e:
         raise ProductError(f"{url}: cannot open the references: {e}") from e

@@ -239,9 +239,6 @@ class DiskCache:
             self._written = 0
             self.trim()
 
-    def size(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
-
     def trim(self) -> None:
         files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.rglob("*") if p.is_file()]
         total = sum(s for _, s, _ in files)

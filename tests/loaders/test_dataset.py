@@ -22,7 +22,7 @@ from cubelake.loaders import (
     Spectral,
 )
 
-from .conftest import NODATA, expected_window
+from .conftest import expected_window
 
 RAW = Spectral(normalize="none")
 
@@ -306,7 +306,6 @@ def test_metrics_report_reads_like_a_summary(synth_lake: dict[str, Any]) -> None
     assert "requests" in text
     assert "decoded" in text
     assert ds.metrics().to_dict()["samples"] == ds.n_samples()
-    _ = NODATA
 
 
 def test_catalog_search_results_are_loader_inputs(synth_lake: dict[str, Any]) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from cubelake.grid import Window
 from cubelake.loaders import (
     ChunkGrid,
     PlanSpec,
@@ -14,21 +15,34 @@ from cubelake.loaders import (
     coalesce,
     plan_epoch,
     randomness,
-    window_chunks,
 )
-from cubelake.loaders.plan import label_windows, random_windows, residency, sliding_windows
+from cubelake.loaders.plan import (
+    _sample_chunk_ids,
+    label_windows,
+    random_windows,
+    residency,
+    sliding_windows,
+)
 from cubelake.loaders.storage import Range
 
 grids_st = st.builds(ChunkGrid, st.integers(20, 300), st.integers(20, 300), st.sampled_from([16, 32, 64]),
                      st.sampled_from([16, 32, 64]))
 
 
+def window_chunks(g: ChunkGrid, row: int, col: int, size: tuple[int, int]) -> list[tuple[int, int]]:
+    return [(c.iy, c.ix) for c in g.chunks_for_window(Window(row, col, *size))]
+
+
 @given(grids_st, st.integers(-40, 320), st.integers(-40, 320), st.integers(1, 80), st.integers(1, 80))
-def test_window_chunks_are_exactly_the_overlapped_chunks(g: ChunkGrid, row: int, col: int, h: int, w: int) -> None:
-    got = set(window_chunks(g, row, col, (h, w)))
-    want = {(cy, cx) for cy in range(g.ny) for cx in range(g.nx)
-            if row < (cy + 1) * g.chunk_h and row + h > cy * g.chunk_h and row < g.height and row + h > 0
-            and col < (cx + 1) * g.chunk_w and col + w > cx * g.chunk_w and col < g.width and col + w > 0}
+def test_planned_chunks_of_a_window_are_exactly_the_overlapped_chunks(g: ChunkGrid, row: int, col: int, h: int,
+                                                                       w: int) -> None:
+    assume(row < g.height and col < g.width and row + h > 0 and col + w > 0)  # samples overlap their raster
+    indptr, keys = _sample_chunk_ids([g], SampleTable((h, w), np.array([[0, row, col]]), np.array([-1])))
+    got = {divmod(int(k), g.n_cols) for k in keys[indptr[0]:indptr[1]]}  # the planner's vectorised chunk sets
+    assert got == set(window_chunks(g, row, col, (h, w)))  # agree with the grid's scalar answer
+    want = {(cy, cx) for cy in range(g.n_rows) for cx in range(g.n_cols)
+            if row < (cy + 1) * g.chunk_y and row + h > cy * g.chunk_y and row < g.height and row + h > 0
+            and col < (cx + 1) * g.chunk_x and col + w > cx * g.chunk_x and col < g.width and col + w > 0}
     assert got == want
 
 
@@ -80,7 +94,7 @@ def test_epoch_serves_every_sample_once_and_each_chunk_once_within_its_residency
     # every chunk a sample needs is listed for it, and first/last use bracket all its uses
     for pos in range(0, len(plan), max(1, len(plan) // 50)):
         s, r, c = table.rows[plan.order[pos]]
-        want = {(int(s), cy * grids[s].nx + cx) for cy, cx in window_chunks(grids[s], int(r), int(c), table.size)}
+        want = {(int(s), cy * grids[s].n_cols + cx) for cy, cx in window_chunks(grids[s], int(r), int(c), table.size)}
         got = {tuple(int(v) for v in plan.chunks[i]) for i in plan.chunks_of(pos)}
         assert got == want
         assert all(plan.first_use[i] <= pos <= plan.last_use[i] for i in plan.chunks_of(pos))
@@ -129,7 +143,7 @@ def test_shards_are_disjoint_and_ranks_serve_equal_counts(world: int, workers: i
     assert len(seen) >= 0.97 * len(table)  # balanced: little is dropped to equalise ranks
     # uneven scenes are cut into strips to balance; only chunks on a strip seam are read twice
     overlap = sum(len(owned[i] & owned[j]) for i in range(len(owned)) for j in range(i + 1, len(owned)))
-    assert overlap <= 2 * (world * workers) * max(g.nx for g in grids)
+    assert overlap <= 2 * (world * workers) * max(g.n_cols for g in grids)
 
 
 @pytest.mark.parametrize("shards", [2, 3, 4, 6])
@@ -150,7 +164,7 @@ def test_one_scene_split_across_workers_shares_only_seam_chunks() -> None:
     plans = [plan_epoch(grids, table, PlanSpec(seed=0), 0, worker=w, num_workers=2) for w in range(2)]
     assert sum(len(p) for p in plans) == len(table)
     shared = {tuple(c) for c in plans[0].chunks.tolist()} & {tuple(c) for c in plans[1].chunks.tolist()}
-    assert 0 < len(shared) <= 2 * grids[0].nx  # the strip seam, no more
+    assert 0 < len(shared) <= 2 * grids[0].n_cols  # the strip seam, no more
     assert plans[0].shared_chunks + plans[1].shared_chunks == len(shared)
 
 
@@ -184,7 +198,7 @@ def test_label_and_random_windows() -> None:
     assert len(r) == 500
     assert (r.rows[:, 1] + 8 <= 50).all()
     assert (r.rows[:, 2] + 8 <= 60).all()
-    valid = np.zeros((g.ny, g.nx), bool)
+    valid = np.zeros((g.n_rows, g.n_cols), bool)
     valid[0, 0] = True
     kept = sliding_windows(0, g, (8, 8), (8, 8), valid_chunks=valid)
     assert kept.rows[:, 1:].tolist() == [[0, 0], [0, 8], [8, 0], [8, 8]]
