@@ -16,6 +16,7 @@ __all__ = [
     "GridMismatchError",
     "ItemNotFoundError",
     "LakeError",
+    "LakeFullError",
     "NoCubeError",
     "NotReferenceableError",
     "ProfileError",
@@ -71,6 +72,10 @@ class SceneRejectedError(CubelakeError, ValueError):
 
 class LakeError(CubelakeError, OSError):
     """The lake directory is unusable (not writable, foreign layout, newer format)."""
+
+
+class LakeFullError(LakeError):
+    """The device holding the lake has no space left (ENOSPC/EDQUOT); the message says where and how much."""
 
 
 class NotReferenceableError(CubelakeError):

@@ -33,7 +33,7 @@ from typing import Any
 
 from .errors import LakeError
 
-__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "pid_alive", "safe_scene_id"]
+__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "format_bytes", "is_disk_full", "pid_alive", "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,47 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether an error, or one it was raised from, says the device is full (ENOSPC, EDQUOT).
+
+    GDAL and SQLite report it in their own words, so their messages are matched too.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e).lower()
+        if any(s in text for s in ("no space left on device", "database or disk is full", "disk quota exceeded")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """The mount point holding ``path`` and its device name (from /proc/self/mounts where there is one)."""
+    p = path.resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    device = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == str(p):
+                device = fields[0]
+    return str(p), device
 
 
 def pid_alive(pid: int) -> bool:
@@ -108,6 +149,17 @@ class Lake:
             raise LakeError(f"{self.root}: no cubelake lake here (no lake.json); create one with 'cubelake ingest --lake'")
         for sub in ("scenes", "rejected", ".staging", ".trash", ".locks"):
             (self.root / sub).mkdir(exist_ok=True)
+
+    def space_text(self, needed: int | None = None) -> str:
+        """Where the lake's bytes go and how much room is left, for disk-full messages."""
+        mount, device = _mount_of(self.root)
+        try:
+            usage = shutil.disk_usage(self.root)
+            free = f"{format_bytes(usage.free)} free of {format_bytes(usage.total)}"
+        except OSError:
+            free = "free space unknown"
+        need = f"; this scene needs up to about {format_bytes(needed)}" if needed else ""
+        return f"device {device} mounted at {mount} has {free}{need}"
 
     # -- layout -------------------------------------------------------------
     @property

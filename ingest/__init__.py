@@ -15,6 +15,7 @@ from .pipeline import (
     ProgressEvent,
     ingest,
     ingest_scene,
+    iter_ingest,
     validate,
     validate_scene,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "discover",
     "ingest",
     "ingest_scene",
+    "iter_ingest",
     "load_profile",
     "match_profile",
     "open_source",

@@ -110,7 +110,7 @@ def scene_id_for(lake: Lake, inp: SceneInput, tags: dict[str, str] | None = None
     """A safe, stable id; another source already owning the name gets a path-hash suffix."""
     base = safe_scene_id(_base_name(inp, tags))
     source = str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path)
-    for cand in (base, f"{base}-{hashlib.sha1(source.encode()).hexdigest()[:8]}"):
+    for cand in (base, f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"):
         rec = lake.scene_record(cand)
         if rec is None:
             rej = lake.rejected_path(cand)
@@ -124,4 +124,4 @@ def scene_id_for(lake: Lake, inp: SceneInput, tags: dict[str, str] | None = None
             return cand
         if rec.get("source", {}).get("path") == source:
             return cand
-    return f"{base}-{hashlib.sha1(source.encode()).hexdigest()[:8]}"
+    return f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"

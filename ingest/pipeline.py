@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -33,12 +33,13 @@ from cubelake.errors import (
     CatalogError,
     ContentMismatchError,
     CubelakeError,
+    LakeFullError,
     NoCubeError,
     SceneNotFoundError,
     UnsupportedFormatError,
 )
 from cubelake.grid import ChunkGrid
-from cubelake.lake import Lake, atomic_write_text
+from cubelake.lake import Lake, atomic_write_text, is_disk_full
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
@@ -81,6 +82,7 @@ __all__ = [
     "ProgressEvent",
     "ingest",
     "ingest_scene",
+    "iter_ingest",
     "validate",
     "validate_scene",
 ]
@@ -173,6 +175,13 @@ def _open_error(path: Path, exc: Exception) -> Issue:
     return error(Code.UNREADABLE, str(exc) if str(path) in str(exc) else f"{path}: {exc}")
 
 
+_KIND_NAMES = {
+    SceneKind.GDAL: "raster GDAL reads", SceneKind.ENVI: "valid ENVI header + data file",
+    SceneKind.MAT: "MATLAB v5/v7.3 file", SceneKind.LANDSAT: "Landsat MTL with its band files",
+    SceneKind.MISSING: "file", SceneKind.SPECIAL: "regular file",
+}
+
+
 @dataclass(slots=True)
 class _Opened:
     source: RasterSource | None
@@ -191,6 +200,12 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
         return _Opened(None, report)
     except MemoryError as exc:  # a hostile header can make a reader over-allocate
         report.extend([error(Code.TOO_LARGE, f"{inp.path}: reading the header ran out of memory ({exc})")])
+        return _Opened(None, report)
+    except Exception as exc:  # third-party parsers (GDAL, h5py, scipy) raise almost anything on damaged files
+        log.debug("opening %s failed", inp.path, exc_info=True)
+        report.extend([error(Code.UNREADABLE, f"{inp.path}: the {inp.kind.value} reader cannot read this file "
+                                              f"({type(exc).__name__}: {exc}); it is damaged or not a "
+                                              f"{_KIND_NAMES[inp.kind]}. Re-copy it, or check it opens in its own tools")])
         return _Opened(None, report)
     meta = source.meta
     report.format, report.shape, report.dtype = meta.format, meta.shape, meta.dtype
@@ -296,10 +311,11 @@ def _reject(lake: Lake, scene_id: str, inp: SceneInput, report: ValidationReport
         "report": report.to_dict(),
     }
     path = lake.record_rejection(scene_id, record)
-    reasons = "; ".join(f"{i.code.value}: {i.message}" for i in report.errors)
     note = " (the previously ingested version is kept)" if kept_previous else ""
+    n = len(report.errors)
     return IngestResult(str(inp.path), scene_id, Outcome.REJECTED, report,
-                        f"rejected{note}: {reasons} [report: {path}]", seconds=time.perf_counter() - t0)
+                        f"rejected{note}: {n} error{'s' if n != 1 else ''}, listed in the report {path}",
+                        seconds=time.perf_counter() - t0)
 
 
 def _json_safe(v: Any) -> Any:
@@ -350,7 +366,8 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
             if previous is None:
                 # nothing to compare with: hash the source while the products are built
                 hasher = _Background(lambda: fingerprint_files(files, None))
-                return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0, emit)
+                return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0,
+                                      emit)
             prints = fingerprint_files(files, previous)
             c_hash = content_hash(prints)
             if (
@@ -365,16 +382,41 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
                     products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
                     seconds=time.perf_counter() - t0,
                 )
-            return _build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
-                          previous, t0, emit)
+            return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash,
+                                  _Background(lambda: prints), previous, t0, emit)
     finally:
         if source is not None:
             source.close()
 
 
-def fault_point(name: str) -> None:
-    """Kill this process here when ``CUBELAKE_FAULT`` names this point (crash-consistency tests only)."""
-    if os.environ.get("CUBELAKE_FAULT") == name:
+def _guarded_build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+                   *args: Any) -> IngestResult:
+    """:func:`_build`, with a full device reported as such (where, how much is free, how much is needed)."""
+    try:
+        return _build(inp, lake, scene_id, opened, options, *args)
+    except LakeFullError:
+        raise
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        raise LakeFullError(
+            f"{inp.path}: no space left for this scene's products in the lake {lake.root}: the "
+            f"{lake.space_text(_estimated_bytes(opened, options))}. Nothing was published; free space (or use a "
+            "--lake on another device) and run the same command again") from exc
+
+
+def _estimated_bytes(opened: _Opened, options: IngestOptions) -> int | None:
+    """An upper estimate of the products' size: the stored cube once per pixel product (before compression)."""
+    if opened.plan is None or opened.source is None:
+        return None
+    meta, enc = opened.source.meta, opened.plan.calibration.encoding
+    cube = opened.plan.calibration.n_out * meta.height * meta.width * np.dtype(enc.dtype).itemsize
+    return cube * max(1, len({"cog", "zarr"} & set(options.products)))
+
+
+def fault_point(name: str, scene_id: str | None = None) -> None:
+    """Kill this process here when ``CUBELAKE_FAULT`` names this point, or ``point:scene_id`` (tests only)."""
+    if os.environ.get("CUBELAKE_FAULT") in (name, f"{name}:{scene_id}"):
         log.warning("CUBELAKE_FAULT=%s: killing the process here", name)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -640,12 +682,17 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1, allow_nan=False) + "\n")
         emit("publish")
         with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
-            fault_point("before-products")
+            fault_point("before-products", scene_id)
             target = lake.publish(staged, scene_id)
-            fault_point("after-products")
+            fault_point("after-products", scene_id)
             try:
                 catalog.publish(scene_id)
             except CatalogError as exc:
+                if is_disk_full(exc):
+                    raise LakeFullError(
+                        f"{scene_id}: the products are published in {target}, but the catalog index could not take "
+                        f"its item because the {lake.space_text()}. Free space and run the ingest again: it "
+                        "completes the index") from exc
                 raise CatalogError(
                     f"{scene_id}: the products are published in {target}, but indexing its catalog item failed "
                     f"({exc}); the next ingest retries it, or run 'cubelake catalog reindex'") from exc
@@ -659,23 +706,36 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
     )
 
 
-def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
-           progress: ProgressCallback | None = None, labels: str | Path | None = None) -> list[IngestResult]:
-    """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
+def iter_ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
+                progress: ProgressCallback | None = None, labels: str | Path | None = None) -> Iterator[IngestResult]:
+    """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes."""
     lk = lake if isinstance(lake, Lake) else Lake(lake)
     lk.recover()
     with LakeCatalog(lk) as catalog:
         catalog.recover()
-    results = []
-    for scene in discover(paths, labels=labels):
-        try:
-            results.append(ingest_scene(scene, lk, options, progress))
-        except (OSError, CubelakeError, ValueError, RuntimeError) as exc:
-            # one scene's build failure must not stop the others; it is logged and counted
-            log.exception("building %s failed", scene.path)
-            report = ValidationReport(path=str(scene.path))
-            message = (f"failed: {exc}" if isinstance(exc, CatalogError) else
-                       f"failed while building products ({type(exc).__name__}: {exc}); nothing was published. "
-                       "If the input is fine, this is a cubelake bug: please report it")
-            results.append(IngestResult(str(scene.path), None, Outcome.FAILED, report, message))
-    return results
+    for scene in discover(paths, labels=labels, skip=(lk.root,)):
+        yield _ingest_one(scene, lk, options, progress)
+
+
+def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
+           progress: ProgressCallback | None = None, labels: str | Path | None = None) -> list[IngestResult]:
+    """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
+    return list(iter_ingest(paths, lake, options, progress, labels))
+
+
+def _ingest_one(scene: SceneInput, lake: Lake, options: IngestOptions | None,
+                progress: ProgressCallback | None) -> IngestResult:
+    t0 = time.perf_counter()
+    try:
+        return ingest_scene(scene, lake, options, progress)
+    except Exception as exc:  # one scene's failure must not stop the others: it is reported and counted
+        log.debug("ingesting %s failed", scene.path, exc_info=True)  # the traceback, with -vv only
+        if isinstance(exc, CubelakeError):
+            message = f"failed: {exc}"
+        else:
+            message = (f"failed while building products ({type(exc).__name__}: {exc}); nothing was published. "
+                       "Run again with -vv for the details; if the input opens in GDAL, please report this as a "
+                       "cubelake bug")
+        log.info("%s: %s", scene.path, message)  # the result carries it; the CLI prints it once
+        return IngestResult(str(scene.path), None, Outcome.FAILED, ValidationReport(path=str(scene.path)), message,
+                            seconds=time.perf_counter() - t0)

@@ -165,6 +165,17 @@ def _linear(meta: SceneMetadata, profile: SensorProfile, keep: tuple[int, ...], 
                 bands=bad,
             )
         )
+    negative = [i + 1 for i in keep if math.isfinite(gains[i]) and gains[i] < 0]
+    if negative and not bad:
+        issues.append(
+            warning(
+                Code.CALIBRATION_SUSPECT,
+                f"the {source} gain of band(s) {format_band_ranges(negative)} is negative (first: band "
+                f"{negative[0]}, gain {gains[negative[0] - 1]:g}): calibrated values fall as the signal rises, so "
+                f"{cal.quantity or 'the values'} will be negative where the data is bright. Check the coefficients",
+                bands=negative,
+            )
+        )
     return LinearCoder(tuple(gains[i] for i in keep), tuple(offsets[i] for i in keep), source)
 
 
@@ -213,7 +224,13 @@ def build_plan(meta: SceneMetadata, profile: SensorProfile, *, chunk: int | None
     if profile.spectral.overlap == "drop" and wl and all(w is not None for w in wl) and len(wl) == meta.count:
         kept = [i for i in range(meta.count) if (i + 1) not in pre]
         drops = overlap_drops([float(wl[i]) for i in kept])  # type: ignore[arg-type]
-        seam = {kept[j] + 1: "spectrometer overlap" for j in drops}
+        seam = {kept[j] + 1: "spectrometer overlap" for j in drops or ()}
+        if seam:
+            issues.append(warning(
+                Code.SPECTRAL_OVERLAP,
+                f"band(s) {format_band_ranges(sorted(seam))} repeat wavelengths of the earlier detector at a "
+                "spectrometer seam (spectral.overlap: drop); they are removed",
+                bands=sorted(seam)))
     if any(w is not None for w in wl) or len(wl) != meta.count:
         ignore = frozenset(n - 1 for n in (*seam, *pre))
         issues.extend(check_wavelengths(wl, meta.count, where=meta.path, ignore=ignore))

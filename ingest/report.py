@@ -55,6 +55,9 @@ class Code(StrEnum):
     ENCODING_CLIPPED = "encoding_clipped"
     LABELS_IGNORED = "labels_ignored"
     UNKNOWN_TIME = "unknown_time"
+    SPECTRAL_OVERLAP = "spectral_overlap"
+    CALIBRATION_SUSPECT = "calibration_suspect"
+    BANDS_MISSING = "bands_missing"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ Wavelengths are carried in nanometres everywhere inside cubelake (``*_nm`` names
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -79,13 +80,17 @@ def parse_float_list(text: str) -> list[float]:
     return [float(v) for v in re.split(r"[,\s]+", body.strip()) if v]
 
 
-def overlap_drops(wavelengths_nm: Sequence[float]) -> list[int]:
+def overlap_drops(wavelengths_nm: Sequence[float], *, max_seams: int = 3, max_share: float = 0.2) -> list[int] | None:
     """0-based bands to drop so wavelengths strictly increase, keeping the earlier detector.
 
     Imaging spectrometers with two detectors (EnMAP VNIR/SWIR, classic AVIRIS) repeat a short
     stretch of wavelengths at the seam; a band is dropped when it does not exceed every band
-    kept before it.
+    kept before it. A seam is a step back between long increasing runs: with more than
+    ``max_seams`` step-backs, or more than ``max_share`` of the bands to drop, the order is not
+    a seam (e.g. a reversed band order would lose every band but one) and ``None`` is returned,
+    so the ordering check reports it instead of bands being removed.
     """
+    seams = sum(1 for a, b in itertools.pairwise(wavelengths_nm) if not b > a)
     drops: list[int] = []
     top = -math.inf
     for i, w in enumerate(wavelengths_nm):
@@ -93,6 +98,8 @@ def overlap_drops(wavelengths_nm: Sequence[float]) -> list[int]:
             top = w
         else:
             drops.append(i)
+    if seams > max_seams or len(drops) > max_share * len(wavelengths_nm):
+        return None
     return drops
 
 
@@ -148,6 +155,12 @@ def check_wavelengths(
             f"band {a + 1} ({values[a]:g} nm) -> band {b + 1} ({values[b]:g} nm)" for a, b in steps_pairs[:5]
         )
         more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
+        if len(kept) > 2 and len(steps) >= 0.8 * (len(kept) - 1):
+            detail = (f"they decrease at {len(steps)} of {len(kept) - 1} steps, from {values[kept[0]]:g} nm "
+                      f"(band {kept[0] + 1}) to "
+                      f"{values[kept[-1]]:g} nm (band {kept[-1] + 1}): the bands are in reverse order or the "
+                      "wavelength list is reversed")
+            more = ""
         issues.append(
             error(
                 Code.WAVELENGTH_ORDER,

@@ -46,6 +46,12 @@ class ScanStats:
         """Add a ``(band, y, x)`` block holding every source band."""
         if block.shape[0] != self.n:
             raise ValueError(f"expected {self.n} bands, got {block.shape[0]}")
+        # values near the float64 limit overflow the sums to inf: that band's mean/std become unknown
+        # (None in the records), which is the right answer, not a warning on the user's terminal
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._update(block, group)
+
+    def _update(self, block: np.ndarray, group: int) -> None:
         is_float = block.dtype.kind == "f"
         npx = block.shape[1] * block.shape[2]
         self.pixels += npx
@@ -107,7 +113,7 @@ class ScanStats:
 
     def std(self) -> np.ndarray:
         m = self.mean()
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             var = np.where(self.valid > 0, self.sumsq / np.maximum(self.valid, 1) - m * m, np.nan)
         return np.sqrt(np.maximum(var, 0.0))
 
@@ -129,13 +135,14 @@ class ScanStats:
         g = np.asarray(linear.gains)
         o = np.asarray(linear.offsets)
         idx = list(keep)
-        mn, mx = self.min[idx] * g + o, self.max[idx] * g + o
-        lo, hi = np.minimum(mn, mx), np.maximum(mn, mx)
-
+        with np.errstate(over="ignore", invalid="ignore"):
+            mn, mx = self.min[idx] * g + o, self.max[idx] * g + o
+            lo, hi = np.minimum(mn, mx), np.maximum(mn, mx)
+            mean, std = self.mean()[idx] * g + o, self.std()[idx] * np.abs(g)
         return {
             "count": [int(v) for v in self.valid[idx]],
             "min": _finite_list(lo),
             "max": _finite_list(hi),
-            "mean": _finite_list(self.mean()[idx] * g + o),
-            "std": _finite_list(self.std()[idx] * np.abs(g)),
+            "mean": _finite_list(mean),
+            "std": _finite_list(std),
         }

@@ -16,8 +16,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["QUIET", "STATE", "VERBOSE", "configure_output", "err_console", "escape", "fail", "out_console", "print_json",
-           "progress_bars"]
+__all__ = ["QUIET", "STATE", "VERBOSE", "clean", "configure_output", "err_console", "escape", "fail", "out_console",
+           "print_json", "progress_bars", "show"]
 
 #: -v/-q are accepted before the subcommand (global) and after it (per command).
 VERBOSE = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-v info, -vv debug).")
@@ -48,9 +48,31 @@ def configure_output(verbose: int, quiet: bool) -> None:
     STATE.quiet = STATE.quiet or quiet
 
 
+def clean(text: object) -> str:
+    """Text safe for one terminal line: control characters (a newline in a file name could forge an output
+    line) and undecodable bytes of file names (surrogate escapes) are shown as escapes."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if o < 32 or o == 127 or 0x80 <= o < 0xA0:
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{o:02x}"))
+        elif 0xDC80 <= o <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif 0xD800 <= o <= 0xDFFF:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def show(text: object) -> str:
+    """:func:`clean` text, escaped for rich markup."""
+    return escape(clean(text))
+
+
 def fail(exc: Exception, code: int = 1) -> typer.Exit:
     """Print a library error on stderr; the ``typer.Exit`` for the command to raise."""
-    err_console().print(f"[red]error[/red]: {escape(str(exc))}")
+    err_console().print(f"[red]error[/red]: {show(exc)}")
     return typer.Exit(code)
 
 
@@ -63,7 +85,8 @@ def err_console() -> Console:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False, default=str) + "\n")
+    # ensure_ascii: file names that are not UTF-8 come out as \\udcXX escapes, never as a UnicodeEncodeError
+    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False, default=str, ensure_ascii=True) + "\n")
     sys.stdout.flush()
 
 
@@ -82,12 +105,12 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
 
         def on_event(ev: Any) -> None:
             if ev.path not in tasks:
-                tasks[ev.path] = bars.add_task(escape(ev.path.rsplit("/", 1)[-1]), total=None)
+                tasks[ev.path] = bars.add_task(show(ev.path.rsplit("/", 1)[-1]), total=None)
             task = tasks[ev.path]
             if ev.stage == "scan" and ev.total:
-                bars.update(task, completed=ev.done, total=ev.total, description=escape(ev.path.rsplit("/", 1)[-1]))
+                bars.update(task, completed=ev.done, total=ev.total, description=show(ev.path.rsplit("/", 1)[-1]))
             elif ev.stage in ("cog", "publish"):
-                bars.update(task, description=escape(f"{ev.path.rsplit('/', 1)[-1]} ({ev.stage})"))
+                bars.update(task, description=show(f"{ev.path.rsplit('/', 1)[-1]} ({ev.stage})"))
             elif ev.stage == "done":
                 bars.remove_task(task)
 

@@ -19,7 +19,7 @@ from cubelake.ingest import (
     Outcome,
     SourceOptions,
     ValidationReport,
-    ingest,
+    iter_ingest,
     load_profile,
     validate,
 )
@@ -31,10 +31,11 @@ from ._render import (
     VERBOSE,
     configure_output,
     err_console,
-    escape,
+    fail,
     out_console,
     print_json,
     progress_bars,
+    show,
 )
 
 __all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
@@ -88,20 +89,25 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
 
 def _print_issues(console: Console, report: ValidationReport) -> None:
     for i in report.errors:
-        console.print(f"    [red]error[/red]: {i.code.value}: {escape(i.message)}")
+        console.print(f"    [red]error[/red]: {i.code.value}: {show(i.message)}")
     for i in report.warnings:
-        console.print(f"    [yellow]warning[/yellow]: {i.code.value}: {escape(i.message)}")
+        console.print(f"    [yellow]warning[/yellow]: {i.code.value}: {show(i.message)}")
 
 
-def _render_results(results: list[IngestResult]) -> None:
-    out = out_console()
-    mark = {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
-            Outcome.REJECTED: "[red]rejected [/red]", Outcome.FAILED: "[red]failed   [/red]"}
-    for r in results:
-        out.print(f"{mark[r.outcome]} {escape(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
-        out.print(f"    {escape(r.message)}")
-        if r.outcome is not Outcome.UNCHANGED:
-            _print_issues(out, r.report)
+_MARK = {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
+         Outcome.REJECTED: "[red]rejected [/red]", Outcome.FAILED: "[red]failed   [/red]"}
+
+
+def _render_result(out: Console, r: IngestResult) -> None:
+    """One scene's outcome, printed as soon as it is known (also in CI logs, without a terminal)."""
+    out.print(f"{_MARK[r.outcome]} {show(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
+    out.print(f"    {show(r.message)}")
+    if r.outcome is not Outcome.UNCHANGED:
+        _print_issues(out, r.report)
+    out.file.flush()
+
+
+def _render_summary(out: Console, results: list[IngestResult]) -> None:
     counts = {o: sum(r.outcome is o for r in results) for o in Outcome}
     out.print(
         f"\n{len(results)} scene(s): {counts[Outcome.INGESTED]} ingested, {counts[Outcome.UNCHANGED]} unchanged, "
@@ -137,16 +143,23 @@ def ingest_cmd(
         lk = Lake(lake)
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
+    results: list[IngestResult] = []
+    out = out_console()
     try:
         with progress_bars(fmt is OutputFormat.text) as on_event:
-            results = ingest(paths, lk, opts, progress=on_event, labels=labels)
+            for r in iter_ingest(paths, lk, opts, progress=on_event, labels=labels):
+                results.append(r)
+                if fmt is OutputFormat.text:
+                    _render_result(out, r)
     except KeyboardInterrupt:
         err_console().print(INTERRUPTED)
         raise typer.Exit(130) from None
+    except CubelakeError as exc:  # the lake itself failed (its catalog, its disk): no scene can be ingested
+        raise fail(exc, 2) from None
     if fmt is OutputFormat.json:
         print_json({"lake": str(lk.root), "results": [r.to_dict() for r in results]})
     else:
-        _render_results(results)
+        _render_summary(out, results)
     raise typer.Exit(1 if any(r.outcome in (Outcome.REJECTED, Outcome.FAILED) for r in results) else 0)
 
 
@@ -182,7 +195,7 @@ def validate_cmd(
         for r in reports:
             head = "[green]ok      [/green]" if r.ok else "[red]rejected[/red]"
             shape = "x".join(map(str, r.shape)) if r.shape else "?"
-            out.print(f"{head} {escape(r.path)}  [dim]{r.format or '?'} (band,y,x)={shape} {r.dtype or ''}[/dim]")
+            out.print(f"{head} {show(r.path)}  [dim]{r.format or '?'} (band,y,x)={shape} {r.dtype or ''}[/dim]")
             _print_issues(out, r)
         bad = sum(not r.ok for r in reports)
         out.print(f"\n{len(reports)} scene(s): {len(reports) - bad} ok, {bad} rejected")

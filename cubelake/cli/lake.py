@@ -10,7 +10,7 @@ import typer
 from cubelake.errors import CubelakeError
 from cubelake.lake import Lake
 
-from ._render import escape, out_console, print_json
+from ._render import out_console, print_json, show
 from .ingest import OutputFormat
 
 
@@ -47,11 +47,11 @@ def lake_cmd(
         print_json({"lake": str(lk.root), "scenes": scenes, "rejected": rejected})
         return
     out = out_console()
-    out.print(f"lake {escape(str(lk.root))}: {len(scenes)} scene(s), {len(rejected)} rejected input(s)")
+    out.print(f"lake {show(str(lk.root))}: {len(scenes)} scene(s), {len(rejected)} rejected input(s)")
     for s in scenes:
         prods = ", ".join(f"{k}={v}" for k, v in s["products"].items())
-        out.print(f"  {escape(s['id'])}: {s['bands']} bands {s['shape'][0]}x{s['shape'][1]} {s['dtype']} "
-                  f"{escape('[' + str(s['profile']) + ']')} {escape(prods)}"
+        out.print(f"  {show(s['id'])}: {s['bands']} bands {s['shape'][0]}x{s['shape'][1]} {s['dtype']} "
+                  f"{show('[' + str(s['profile']) + ']')} {show(prods)}"
                   + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
     for r in rejected:
-        out.print(f"  [red]rejected[/red] {escape(str(r['source']))}: {', '.join(r['errors'])}")
+        out.print(f"  [red]rejected[/red] {show(str(r['source']))}: {', '.join(r['errors'])}")

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,6 +40,7 @@ __all__ = [
     "SourceOptions",
     "block_grid",
     "discover",
+    "is_lake",
     "open_source",
 ]
 
@@ -58,6 +61,7 @@ class SceneKind(StrEnum):
     MAT = "mat"
     LANDSAT = "landsat"
     MISSING = "missing"
+    SPECIAL = "special"  # a path that cannot be a scene: FIFO, device, empty folder, ... (``problem`` says why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,7 @@ class SceneInput:
     kind: SceneKind
     labels: Path | None = None
     data: Path | None = None  # ENVI data file, when found
+    problem: str | None = None  # why a MISSING/SPECIAL path is no scene
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +93,31 @@ def _magic(path: Path, n: int = 16) -> bytes:
         return b""
 
 
+def _path_problem(path: Path) -> tuple[SceneKind, str] | None:
+    """Why ``path`` cannot be read as a scene file without even opening it (``None``: a regular file)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return SceneKind.SPECIAL, (f"{path}: the file name is not valid UTF-8 ({os.fsencode(path.name)!r}); "
+                                   "GDAL cannot open such names. Rename the file")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        what = "a broken symbolic link" if path.is_symlink() else "no such file or directory"
+        return SceneKind.MISSING, f"{path}: {what}; check the path"
+    except OSError as exc:
+        reason = "a symbolic link loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        return SceneKind.SPECIAL, f"{path}: cannot be read: {reason}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+            or stat.S_ISBLK(st.st_mode) else "not a regular file")
+    # never opened: reading a FIFO or a device would block or never end
+    return SceneKind.SPECIAL, f"{path}: is {kind}, not a regular file; give scene files (or folders of them)"
+
+
 def _kind_of(path: Path) -> SceneKind:
-    if not path.exists():
-        return SceneKind.MISSING
     if is_mtl(path):
         return SceneKind.LANDSAT
     if path.suffix.lower() == ".hdr" or find_envi_header(path) is not None:
@@ -98,6 +125,15 @@ def _kind_of(path: Path) -> SceneKind:
     if path.suffix.lower() == ".mat":
         return SceneKind.MAT
     return SceneKind.GDAL
+
+
+def is_lake(folder: Path) -> bool:
+    """Whether ``folder`` is the root of a cubelake lake (its ``lake.json`` says so)."""
+    marker = folder / "lake.json"
+    try:
+        return marker.is_file() and marker.stat().st_size < 1 << 20 and '"cubelake-lake"' in marker.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _label_for(path: Path) -> Path | None:
@@ -112,20 +148,54 @@ def _label_for(path: Path) -> Path | None:
     return None
 
 
-def _expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
-    """``(file, explicit)`` for every file named or found under a named folder, in sorted order."""
-    out: list[tuple[Path, bool]] = []
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    p = path.resolve()
+    return any(p == r or r in p.parents for r in roots)
+
+
+_Entry = tuple[Path, bool] | SceneInput  # (file, named explicitly), or a named path that holds no file to try
+
+
+def _walk(folder: Path, skip: Sequence[Path], out: list[_Entry]) -> None:
+    """Every file under ``folder`` (not explicit), sorted; lakes and unreadable folders are reported, not entered."""
+    def onerror(exc: OSError) -> None:
+        where = Path(exc.filename) if exc.filename else folder
+        out.append(SceneInput(where, SceneKind.SPECIAL,
+                              problem=f"{where}: cannot list this folder: {exc.strerror or exc}"))
+
+    for root, dirs, files in os.walk(folder, onerror=onerror):
+        here = Path(root)
+        kept = []
+        for d in sorted(dirs):
+            sub = here / d
+            if _inside(sub, skip) or is_lake(sub):
+                log.info("%s: a cubelake lake, not an input; not walked into", sub)
+            else:
+                kept.append(d)
+        dirs[:] = kept
+        out.extend((here / f, False) for f in sorted(files))
+
+
+def _expand(paths: Iterable[Path], skip: Sequence[Path]) -> list[_Entry]:
+    """Every file named or found under a named folder, in order; named paths that hold nothing to try
+    (empty folders, lakes) as :class:`SceneInput` with their problem."""
+    out: list[_Entry] = []
     for p in paths:
-        if p.is_dir():
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                out.extend((Path(root) / f, False) for f in sorted(files))
-        else:
+        if not p.is_dir():
             out.append((p, True))
+        elif _inside(p, skip) or is_lake(p):
+            out.append(SceneInput(p, SceneKind.SPECIAL, problem=(
+                f"{p}: is a cubelake lake (or inside one), not an input; ingest the scenes' sources instead")))
+        else:
+            before = len(out)
+            _walk(p, skip, out)
+            if len(out) == before:
+                out.append(SceneInput(p, SceneKind.SPECIAL, problem=f"{p}: an empty folder; no scene files in it"))
     return out
 
 
-def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None) -> list[SceneInput]:
+def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None,
+             skip: Sequence[str | Path] = ()) -> list[SceneInput]:
     """Group input paths into scenes.
 
     Folders are walked recursively. An ENVI header and its data file are one scene; a Landsat
@@ -133,37 +203,29 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None) -
     ``labels/`` folder (or ``<name>_labels``) gets it as its label map, and that file is not a
     scene of its own. Sidecar text files found in folders are skipped; files named explicitly
     are always tried, so a bad one is reported rather than ignored. ``labels`` forces one label
-    file for every scene (for a single scene).
+    file for every scene (for a single scene). Folders under ``skip`` (the target lake) and
+    other lakes are not walked into. A path that cannot be a scene (missing, a FIFO, a device,
+    an empty folder, a name that is not UTF-8) is returned with its ``problem``, never opened.
     """
-    files = _expand(Path(p) for p in paths)
-    kinds = {f: _kind_of(f) for f, _ in files}
-    # pass 1: files that belong to another scene (Landsat bands, label rasters)
-    consumed: set[Path] = set()
-    for f, _ in files:
-        kind = kinds[f]
-        if kind is SceneKind.LANDSAT:
-            try:
-                consumed.update(b.resolve() for _, b in mtl_band_files(f, parse_mtl(f)))
-            except (CubelakeError, OSError) as exc:  # reported when the scene is opened
-                log.debug("cannot list the bands of %s yet: %s", f, exc)
-        elif kind in (SceneKind.GDAL, SceneKind.MAT, SceneKind.ENVI) and labels is None:
-            label = _label_for(f)
-            if label is not None:
-                consumed.add(label.resolve())
-    # pass 2: one scene per remaining file; an ENVI data file stands for its header
+    entries = _expand((Path(p) for p in paths), [Path(r).resolve() for r in skip])
+    files = [e for e in entries if isinstance(e, tuple)]
+    problems = {f: _path_problem(f) for f, _ in files}
+    kinds = {f: (problems[f] or (_kind_of(f), None))[0] for f, _ in files}
+    consumed = _consumed(files, kinds, labels)
     scenes: list[SceneInput] = []
     seen: set[Path] = set()
-    for f, explicit in files:
-        kind = kinds[f]
-        if kind is SceneKind.MISSING:
-            scenes.append(SceneInput(path=f, kind=kind))
+    for entry in entries:
+        if isinstance(entry, SceneInput):
+            scenes.append(entry)
             continue
-        if f.resolve() in consumed:
+        f, explicit = entry
+        kind, problem = kinds[f], (problems[f] or (None, None))[1]
+        if problem is not None:
+            if explicit or not _is_sidecar(f):
+                scenes.append(SceneInput(path=f, kind=kind, problem=problem))
             continue
-        if not explicit and kind is SceneKind.GDAL:
-            name = f.name.lower()
-            if name.startswith(".") or any(name.endswith(s) for s in _SIDECAR_SUFFIXES):
-                continue
+        if f.resolve() in consumed or (not explicit and kind is SceneKind.GDAL and _is_sidecar(f)):
+            continue
         data = None
         if kind is SceneKind.ENVI:
             header = f if f.suffix.lower() == ".hdr" else find_envi_header(f)
@@ -176,6 +238,28 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None) -
         label = Path(labels) if labels is not None else _label_for(data or f)
         scenes.append(SceneInput(path=f, kind=kind, labels=label, data=data))
     return scenes
+
+
+def _is_sidecar(f: Path) -> bool:
+    name = f.name.lower()
+    return name.startswith(".") or any(name.endswith(s) for s in _SIDECAR_SUFFIXES)
+
+
+def _consumed(files: list[tuple[Path, bool]], kinds: dict[Path, SceneKind], labels: str | Path | None) -> set[Path]:
+    """Files that belong to another scene (Landsat bands, label rasters)."""
+    consumed: set[Path] = set()
+    for f, _ in files:
+        kind = kinds[f]
+        if kind is SceneKind.LANDSAT:
+            try:
+                consumed.update(b.resolve() for _, b in mtl_band_files(f, parse_mtl(f))[0])
+            except (CubelakeError, OSError) as exc:  # reported when the scene is opened
+                log.debug("cannot list the bands of %s yet: %s", f, exc)
+        elif kind in (SceneKind.GDAL, SceneKind.MAT, SceneKind.ENVI) and labels is None:
+            label = _label_for(f)
+            if label is not None:
+                consumed.add(label.resolve())
+    return consumed
 
 
 def _sniff(path: Path) -> None:
@@ -203,7 +287,9 @@ def open_source(inp: SceneInput, options: SourceOptions | None = None) -> Raster
     """Open one scene for reading. Raises a :class:`~cubelake.errors.CubelakeError` naming the file."""
     options = options or SourceOptions()
     if inp.kind is SceneKind.MISSING:
-        raise SceneNotFoundError(f"{inp.path}: no such file or directory; check the path")
+        raise SceneNotFoundError(inp.problem or f"{inp.path}: no such file or directory; check the path")
+    if inp.kind is SceneKind.SPECIAL:
+        raise UnsupportedFormatError(inp.problem or f"{inp.path}: not a regular file")
     if inp.kind is SceneKind.LANDSAT:
         return open_landsat(inp.path)
     if inp.kind is SceneKind.ENVI:

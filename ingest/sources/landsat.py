@@ -22,15 +22,19 @@ from typing import Any
 
 from cubelake.errors import SceneReadError
 
+from ..report import Code, Issue, warning
 from ._base import FileCalibration
 from .gdal import GdalSource, open_gdal
 
-__all__ = ["ESUN_TM", "is_mtl", "open_landsat", "parse_mtl"]
+__all__ = ["ESUN_TM", "MTL_MAX_BYTES", "is_mtl", "mtl_band_files", "open_landsat", "parse_mtl"]
 
 #: Landsat 5 TM exoatmospheric solar irradiance, W/(m² µm) (Chander et al. 2009, Table 4).
 ESUN_TM: dict[int, float] = {1: 1983.0, 2: 1796.0, 3: 1536.0, 4: 1031.0, 5: 220.0, 7: 83.44}
+#: Real MTL files are 8-30 KB; anything far larger is not one (and is not read whole).
+MTL_MAX_BYTES = 1024 * 1024
 
 _LINE = re.compile(r"^\s*([A-Z0-9_]+)\s*=\s*(.*?)\s*$")
+_BAND_KEY = re.compile(r"FILE_NAME_BAND_(\d{1,2})")
 
 
 def is_mtl(path: Path) -> bool:
@@ -38,25 +42,46 @@ def is_mtl(path: Path) -> bool:
     return name.endswith(("_MTL.TXT", "_MTL.JSON"))
 
 
+def _read_text(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MTL_MAX_BYTES:
+            raise SceneReadError(f"{path}: {size} bytes is far larger than a Landsat MTL (at most {MTL_MAX_BYTES}); "
+                                 "this is not an MTL file")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SceneReadError(f"{path}: cannot read the MTL: {exc.strerror or exc}") from exc
+    return raw.replace(b"\x00", b"").decode("utf-8", errors="replace")
+
+
+def _flatten_json(path: Path, raw: str) -> dict[str, Any]:
+    try:
+        tree = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        why = "is nested too deeply" if isinstance(exc, RecursionError) else f"does not parse: {exc}"
+        raise SceneReadError(f"{path}: MTL JSON {why}; re-download the MTL") from None
+    flat: dict[str, Any] = {}
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    while stack:  # an explicit stack: a hostile file cannot exhaust the recursion limit
+        node, depth = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if depth > 8:
+            raise SceneReadError(f"{path}: MTL JSON groups nest {depth} levels deep (real MTLs use 2-3); not an MTL")
+        for k, v in node.items():
+            if isinstance(v, dict):
+                stack.append((v, depth + 1))
+            else:
+                flat[str(k)] = v
+    return flat
+
+
 def parse_mtl(path: Path) -> dict[str, Any]:
     """Flatten an MTL (ODL text, NUL padding tolerated, or the JSON form) into ``{KEY: value}``."""
-    raw = path.read_bytes().replace(b"\x00", b"").decode("utf-8", errors="replace")
+    raw = _read_text(path)
     flat: dict[str, Any] = {}
     if path.suffix.lower() == ".json":
-        try:
-            tree = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise SceneReadError(f"{path}: MTL JSON does not parse: {exc}") from exc
-
-        def walk(node: Any) -> None:
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    if isinstance(v, dict):
-                        walk(v)
-                    else:
-                        flat[k] = v
-
-        walk(tree)
+        flat = _flatten_json(path, raw)
     else:
         for line in raw.splitlines():
             m = _LINE.match(line)
@@ -67,16 +92,44 @@ def parse_mtl(path: Path) -> dict[str, Any]:
                 value = float(value)
             flat[m.group(1)] = value
     if "SPACECRAFT_ID" not in flat:
-        raise SceneReadError(f"{path}: no SPACECRAFT_ID; not a Landsat MTL file")
+        raise SceneReadError(f"{path}: no SPACECRAFT_ID; not a Landsat MTL file (or a truncated one)")
     return flat
 
 
-def _earth_sun_distance(mtl: dict[str, Any]) -> float:
-    if "EARTH_SUN_DISTANCE" in mtl:
-        return float(mtl["EARTH_SUN_DISTANCE"])
-    doy = date.fromisoformat(str(mtl["DATE_ACQUIRED"])).timetuple().tm_yday
+def _number(mtl: dict[str, Any], key: str) -> float | None:
+    """A finite number from the MTL, or ``None`` when the field is missing or not a number."""
+    value = mtl.get(key)
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _earth_sun_distance(mtl: dict[str, Any]) -> float | None:
+    d = _number(mtl, "EARTH_SUN_DISTANCE")
+    if d is not None:
+        return d if 0.9 < d < 1.1 else None
+    try:
+        doy = date.fromisoformat(str(mtl.get("DATE_ACQUIRED", "")).strip()).timetuple().tm_yday
+    except ValueError:
+        return None
     # astronomical unit from day of year (Spencer-type approximation, <0.1% error)
     return 1.0 - 0.01672 * math.cos(math.radians(0.9856 * (doy - 4)))
+
+
+def _plain_name(path: Path, key: str, value: Any) -> str:
+    """A band file named by the MTL, confined to the MTL's folder: a plain file name, nothing else."""
+    name = str(value).strip()
+    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name
+           or any(ord(c) < 32 for c in name))
+    if bad:
+        raise SceneReadError(
+            f"{path}: {key} = {name!r} is not a plain file name; an MTL may only name band files in its own folder "
+            f"({path.parent}). Fix the MTL, or put the band file next to it under a plain name")
+    return name
 
 
 def _band_file(folder: Path, name: str) -> Path | None:
@@ -88,50 +141,116 @@ def _band_file(folder: Path, name: str) -> Path | None:
     return matches[0] if matches else None
 
 
-def mtl_band_files(path: Path, mtl: dict[str, Any]) -> list[tuple[int, Path]]:
-    """``(band number, file)`` for every numbered band of the MTL that exists on disk."""
-    out = []
+def mtl_band_files(path: Path, mtl: dict[str, Any]) -> tuple[list[tuple[int, Path]], list[int]]:
+    """``(band number, file)`` for every numbered band of the MTL on disk, and the listed numbers that are not.
+
+    Raises :class:`SceneReadError` when a listed name is not a plain file name in the MTL's folder.
+    """
+    found: list[tuple[int, Path]] = []
+    missing: list[int] = []
     for key, value in mtl.items():
-        m = re.fullmatch(r"FILE_NAME_BAND_(\d+)", key)
+        m = _BAND_KEY.fullmatch(key)
         if m:
-            f = _band_file(path.parent, str(value))
-            if f is not None:
-                out.append((int(m.group(1)), f))
-    return sorted(out)
+            f = _band_file(path.parent, _plain_name(path, key, value))
+            if f is None:
+                missing.append(int(m.group(1)))
+            else:
+                found.append((int(m.group(1)), f))
+    return sorted(found), sorted(missing)
 
 
-def open_landsat(path: Path) -> GdalSource:
-    """Open the bands of a Landsat MTL as one scene with its radiance/TOA-reflectance coefficients."""
-    mtl = parse_mtl(path)
-    bands = mtl_band_files(path, mtl)
-    if str(mtl.get("SPACECRAFT_ID", "")).strip() in ("LANDSAT_7", "LANDSAT_8", "LANDSAT_9"):
-        # the panchromatic band 8 is on a 2x finer grid than the others; it is not part of the cube
-        bands = [(n, f) for n, f in bands if n != 8]
-    if not bands:
-        raise SceneReadError(
-            f"{path}: none of the band files the MTL lists (FILE_NAME_BAND_n) is in {path.parent}; "
-            "put the band GeoTIFFs next to the MTL"
-        )
-    src = open_gdal(path, band_files=[str(f) for _, f in bands])
-    numbers = [n for n, _ in bands]
-    sun = math.radians(float(mtl["SUN_ELEVATION"]))
-    ml = [float(mtl.get(f"RADIANCE_MULT_BAND_{n}", math.nan)) for n in numbers]
-    al = [float(mtl.get(f"RADIANCE_ADD_BAND_{n}", math.nan)) for n in numbers]
-    cals = [FileCalibration("radiance", tuple(ml), tuple(al), unit="W/(m2 sr um)", note="MTL RADIANCE_MULT/ADD")]
+def _sun_elevation(mtl: dict[str, Any], path: Path, issues: list[Issue]) -> float | None:
+    """sin(sun elevation) for the reflectance correction, or ``None`` (with a warning) when unusable."""
+    raw = mtl.get("SUN_ELEVATION")
+    elev = _number(mtl, "SUN_ELEVATION")
+    if elev is None or not 0 < elev <= 90:
+        why = ("is missing (truncated MTL?)" if raw is None else
+               f"= {raw!r} is not a number" if elev is None else
+               f"= {elev:g}: the sun is at or below the horizon" if elev <= 0 else f"= {elev:g} is over 90 degrees")
+        issues.append(warning(
+            Code.CALIBRATION_SUSPECT,
+            f"SUN_ELEVATION {why}; TOA reflectance cannot be computed (radiance still can). Re-download the MTL "
+            "if it is damaged", where=f"{path}: SUN_ELEVATION"))
+        return None
+    return math.sin(math.radians(elev))
+
+
+def _radiance(mtl: dict[str, Any], numbers: list[int], path: Path,
+              issues: list[Issue]) -> tuple[list[float], list[float]]:
+    ml = [_number(mtl, f"RADIANCE_MULT_BAND_{n}") for n in numbers]
+    al = [_number(mtl, f"RADIANCE_ADD_BAND_{n}") for n in numbers]
+    bad = [f"B{n}" for n, m in zip(numbers, ml, strict=True) if m is not None and m <= 0]
+    if bad:
+        issues.append(warning(
+            Code.CALIBRATION_SUSPECT,
+            f"RADIANCE_MULT of band(s) {', '.join(bad)} is zero or negative: radiance and reflectance would be "
+            "zero or negative; the MTL is probably damaged. Re-download it", where=f"{path}: RADIANCE_MULT"))
+    return ([m if m is not None else math.nan for m in ml], [a if a is not None else math.nan for a in al])
+
+
+def _reflectance(mtl: dict[str, Any], numbers: list[int], ml: list[float], al: list[float],
+                 sin_sun: float | None) -> tuple[list[float], list[float]]:
+    if sin_sun is None:
+        return [math.nan] * len(numbers), [math.nan] * len(numbers)
     rg: list[float] = []
     ro: list[float] = []
-    d2 = _earth_sun_distance(mtl) ** 2
+    d = _earth_sun_distance(mtl)
+    tm = str(mtl.get("SENSOR_ID", "")).strip() == "TM"
     for n, m_, a_ in zip(numbers, ml, al, strict=True):
-        if f"REFLECTANCE_MULT_BAND_{n}" in mtl:
-            rg.append(float(mtl[f"REFLECTANCE_MULT_BAND_{n}"]) / math.sin(sun))
-            ro.append(float(mtl[f"REFLECTANCE_ADD_BAND_{n}"]) / math.sin(sun))
-        elif str(mtl.get("SENSOR_ID", "")).strip() == "TM" and n in ESUN_TM:
-            k = math.pi * d2 / (ESUN_TM[n] * math.sin(sun))
+        mr, ar = _number(mtl, f"REFLECTANCE_MULT_BAND_{n}"), _number(mtl, f"REFLECTANCE_ADD_BAND_{n}")
+        if mr is not None and ar is not None:
+            rg.append(mr / sin_sun)
+            ro.append(ar / sin_sun)
+        elif tm and n in ESUN_TM and d is not None:
+            k = math.pi * d**2 / (ESUN_TM[n] * sin_sun)
             rg.append(k * m_)
             ro.append(k * a_)
         else:
             rg.append(math.nan)
             ro.append(math.nan)
+    return rg, ro
+
+
+def _bands_on_disk(path: Path, mtl: dict[str, Any], issues: list[Issue]) -> list[tuple[int, Path]]:
+    bands, missing = mtl_band_files(path, mtl)
+    if str(mtl.get("SPACECRAFT_ID", "")).strip() in ("LANDSAT_7", "LANDSAT_8", "LANDSAT_9"):
+        # the panchromatic band 8 is on a 2x finer grid than the others; it is not part of the cube
+        bands = [(n, f) for n, f in bands if n != 8]
+        missing = [n for n in missing if n != 8]
+    if not bands:
+        raise SceneReadError(
+            f"{path}: none of the band files the MTL lists (FILE_NAME_BAND_n) is in {path.parent}; "
+            "put the band GeoTIFFs next to the MTL"
+        )
+    if missing:
+        issues.append(warning(
+            Code.BANDS_MISSING,
+            f"band(s) {', '.join(f'B{n}' for n in missing)} listed in the MTL are not in {path.parent}; the scene "
+            f"holds only {', '.join(f'B{n}' for n, _ in bands)}. Put the missing band files next to the MTL for a "
+            "full scene", where=str(path)))
+    return bands
+
+
+def _acquired(mtl: dict[str, Any]) -> str | None:
+    day = str(mtl.get("DATE_ACQUIRED", "")).strip()
+    try:
+        date.fromisoformat(day)
+    except ValueError:
+        return None
+    center = str(mtl.get("SCENE_CENTER_TIME", "")).strip('"').rstrip("Z")[:15]
+    return f"{day}T{center}Z" if re.fullmatch(r"\d{2}:\d{2}:\d{2}(\.\d+)?", center) else day
+
+
+def open_landsat(path: Path) -> GdalSource:
+    """Open the bands of a Landsat MTL as one scene with its radiance/TOA-reflectance coefficients."""
+    mtl = parse_mtl(path)
+    issues: list[Issue] = []
+    bands = _bands_on_disk(path, mtl, issues)
+    src = open_gdal(path, band_files=[str(f) for _, f in bands])
+    numbers = [n for n, _ in bands]
+    ml, al = _radiance(mtl, numbers, path, issues)
+    cals = [FileCalibration("radiance", tuple(ml), tuple(al), unit="W/(m2 sr um)", note="MTL RADIANCE_MULT/ADD")]
+    rg, ro = _reflectance(mtl, numbers, ml, al, _sun_elevation(mtl, path, issues))
     cals.append(
         FileCalibration(
             "toa_reflectance",
@@ -141,8 +260,6 @@ def open_landsat(path: Path) -> GdalSource:
             note="TOA reflectance with sun-elevation correction (REFLECTANCE_MULT/ADD, or TM ESUN, Chander et al. 2009)",
         )
     )
-    center = str(mtl.get("SCENE_CENTER_TIME", "")).strip('"').rstrip("Z")[:15]
-    dt = f"{mtl['DATE_ACQUIRED']}T{center}Z" if center else str(mtl.get("DATE_ACQUIRED"))
     infos = tuple(dataclasses.replace(b, name=f"B{n}") for b, n in zip(src.meta.bands, numbers, strict=True))
     tags = {
         k: str(v)
@@ -157,9 +274,8 @@ def open_landsat(path: Path) -> GdalSource:
         format="Landsat-MTL",
         bands=infos,
         calibrations=tuple(cals),
-        datetime=dt,
+        datetime=_acquired(mtl),
         tags=tags,
+        issues=(*src.meta.issues, *issues),
     )
     return src.with_meta(meta)
-
-

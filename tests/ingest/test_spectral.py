@@ -76,7 +76,9 @@ def test_ignored_bands_are_skipped_by_the_order_check() -> None:
 @settings(max_examples=100)
 @given(st.lists(st.floats(min_value=300, max_value=2600, allow_nan=False), min_size=1, max_size=60))
 def test_overlap_drops_leave_a_strictly_increasing_axis(wl: list[float]) -> None:
-    drops = set(overlap_drops(wl))
+    found = overlap_drops(wl, max_seams=len(wl), max_share=1.0)
+    assert found is not None
+    drops = set(found)
     kept = [w for i, w in enumerate(wl) if i not in drops]
     assert all(b > a for a, b in itertools.pairwise(kept))
     assert 0 not in drops  # the first band is always kept
@@ -87,6 +89,14 @@ def test_overlap_drops_enmap_like_seam() -> None:
     swir = [902.0 + 9 * i for i in range(20)]
     drops = overlap_drops(vnir + swir)
     assert drops == [96 + i for i, w in enumerate(swir) if w <= vnir[-1]]
+
+
+def test_overlap_drops_refuse_what_is_not_a_seam() -> None:
+    ascending = [420.0 + 6 * i for i in range(224)]
+    assert overlap_drops(ascending[::-1]) is None  # reversed: dropping would keep 1 of 224 bands
+    zigzag = [w + (30.0 if i % 2 else 0.0) for i, w in enumerate(ascending)]
+    assert overlap_drops(zigzag) is None  # a step back every other band is no detector seam
+    assert overlap_drops(ascending) == []
 
 
 def test_fwhm_plausibility() -> None:
