@@ -38,6 +38,7 @@ class Code(StrEnum):
     NO_BANDS_LEFT = "no_bands_left"
     PROFILE_MISMATCH = "profile_mismatch"
     LABELS_MISMATCH = "labels_mismatch"
+    BAD_METADATA = "bad_metadata"  # a header field or tag that cannot be parsed or is out of its domain
     # warnings: the scene is ingested, the problem is recorded
     NO_CRS = "no_crs"
     NO_TRANSFORM = "no_transform"

@@ -141,6 +141,7 @@ def inspect_tiff(path: str) -> list[Issue]:
                 where=f"first bad block #{int(np.argmax(beyond))}",
             )
         )
+    issues.extend(_block_table_issues(offsets[present & ~beyond], counts[present & ~beyond]))
     absent = int((~present).sum())
     if absent == len(offsets):
         issues.append(
@@ -157,6 +158,32 @@ def inspect_tiff(path: str) -> list[Issue]:
                 f"{absent} of {len(offsets)} blocks are absent (sparse TIFF); GDAL reads them as nodata/0",
             )
         )
+    return issues
+
+
+def _block_table_issues(offsets: np.ndarray, counts: np.ndarray) -> list[Issue]:
+    """Blocks whose bytes start inside the 8-byte TIFF header or overlap another block's: a damaged block
+    table (a zeroed StripOffsets would decode the header as pixels of every band)."""
+    if len(offsets) == 0:
+        return []
+    issues = []
+    in_header = offsets < 8
+    if in_header.any():
+        issues.append(error(
+            Code.TRUNCATED,
+            f"{int(in_header.sum())} of {len(offsets)} blocks start at byte {int(offsets[in_header].min())}, inside "
+            "the TIFF header: the block table (StripOffsets/TileOffsets) is corrupt. Re-copy or re-export the file",
+            where=f"first bad block #{int(np.argmax(in_header))}"))
+    order = np.argsort(offsets, kind="stable")
+    starts, ends = offsets[order], offsets[order] + counts[order]
+    overlap = ends[:-1] > starts[1:]
+    if overlap.any():
+        issues.append(error(
+            Code.TRUNCATED,
+            f"{int(overlap.sum())} of {len(offsets)} blocks overlap the next block's bytes (e.g. blocks "
+            f"#{int(order[np.argmax(overlap)])} and #{int(order[np.argmax(overlap) + 1])}): the block table is "
+            "corrupt, and the overlapping blocks would decode to the same or mixed pixels. Re-copy or re-export the file",
+            where=f"block #{int(order[np.argmax(overlap)])}"))
     return issues
 
 

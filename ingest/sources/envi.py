@@ -8,6 +8,7 @@ validated (wavelengths, sizes) and reported. Pixels are read through GDAL's ENVI
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -127,6 +128,27 @@ def _int(fields: dict[str, str], key: str, path: str, default: int | None = None
         raise SceneReadError(f"{path}: ENVI header field '{key}' is {raw!r}, expected an integer") from None
 
 
+#: Real headers are a few KB (a 425-band AVIRIS-NG header is ~20 KB); anything far larger is not one.
+HEADER_MAX_BYTES = 4 * 1024 * 1024
+_INTERLEAVES = ("bsq", "bil", "bip")
+
+
+def _floats(fields: dict[str, str], key: str, path: str, issues: list[Issue]) -> list[float] | None:
+    """A header list of numbers, or ``None`` with an error naming the field and the first bad entry."""
+    try:
+        values = parse_float_list(fields[key])
+    except ValueError as exc:
+        issues.append(error(Code.BAD_METADATA, f"header field '{key}' holds a value that is not a number "
+                                               f"({str(exc).split(': ', 1)[-1]}); fix the header",
+                            where=f"{path}: {key}"))
+        return None
+    if not all(math.isfinite(v) for v in values):
+        issues.append(error(Code.BAD_METADATA, f"header field '{key}' holds NaN or infinite values; fix the header",
+                            where=f"{path}: {key}"))
+        return None
+    return values
+
+
 def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) -> list[BandInfo]:
     names: list[str | None] = [None] * n
     if "band names" in fields:
@@ -135,8 +157,8 @@ def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) 
             names = list(raw_names)
     wavelengths: list[float | None] = [None] * n
     fwhm: list[float | None] = [None] * n
-    if "wavelength" in fields:
-        values = parse_float_list(fields["wavelength"])
+    values = _floats(fields, "wavelength", path, issues) if "wavelength" in fields else None
+    if values is not None:
         unit = fields.get("wavelength units")
         factor = unit_factor_to_nm(unit)
         if factor is None and values:
@@ -159,8 +181,8 @@ def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) 
             )
         else:
             wavelengths = [v * (factor or 1.0) for v in values]
-            if "fwhm" in fields:
-                fw = parse_float_list(fields["fwhm"])
+            fw = _floats(fields, "fwhm", path, issues) if "fwhm" in fields else None
+            if fw is not None:
                 if len(fw) == n:
                     fwhm = [v * (factor or 1.0) for v in fw]
                 else:
@@ -176,55 +198,112 @@ def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) 
         if all(p is not None for p in parsed):
             wavelengths = parsed
     bbl = [True] * n
-    if "bbl" in fields:
-        flags = parse_float_list(fields["bbl"])
-        if len(flags) == n:
-            bbl = [f != 0 for f in flags]
+    flags = _floats(fields, "bbl", path, issues) if "bbl" in fields else None
+    if flags is not None and len(flags) == n:
+        bbl = [f != 0 for f in flags]
     return [BandInfo(i + 1, names[i], wavelengths[i], fwhm[i], not bbl[i]) for i in range(n)]
+
+
+def _read_header(header: Path) -> dict[str, str]:
+    hpath = str(header)
+    try:
+        size = header.stat().st_size
+        if size > HEADER_MAX_BYTES:
+            raise SceneReadError(f"{hpath}: {size} bytes is far larger than an ENVI header (at most "
+                                 f"{HEADER_MAX_BYTES}); this is not a header")
+        text = header.read_text(encoding="latin-1")
+    except OSError as exc:
+        raise SceneReadError(f"{hpath}: cannot read the ENVI header: {exc.strerror or exc}") from exc
+    return parse_envi_header(text, hpath)
+
+
+def _layout_issues(fields: dict[str, str], hpath: str) -> list[Issue]:
+    """Errors for header fields that decide how bytes map to pixels, when their values are not ENVI's."""
+    issues = []
+    interleave = fields.get("interleave", "bsq").strip().lower()
+    if interleave not in _INTERLEAVES:
+        issues.append(error(Code.BAD_METADATA, f"'interleave = {interleave}' is not an ENVI interleave (bsq, bil or "
+                                               "bip); fix the header", where=f"{hpath}: interleave"))
+    order = fields.get("byte order", "0").strip()
+    if order not in ("0", "1"):
+        issues.append(error(Code.BAD_METADATA, f"'byte order = {order}' must be 0 (little-endian) or 1 (big-endian); "
+                                               "fix the header", where=f"{hpath}: byte order"))
+    return issues
+
+
+def _nodata(fields: dict[str, str], hpath: str, issues: list[Issue]) -> float | None:
+    if "data ignore value" not in fields:
+        return None
+    raw = fields["data ignore value"]
+    try:
+        return float(raw)
+    except ValueError:
+        issues.append(error(Code.BAD_METADATA, f"'data ignore value = {raw}' is not a number, so nodata pixels "
+                                               "cannot be told from data; fix the header",
+                            where=f"{hpath}: data ignore value"))
+        return None
+
+
+def _gains(fields: dict[str, str], nb: int, hpath: str, issues: list[Issue]) -> list[FileCalibration]:
+    if "data gain values" not in fields and "data offset values" not in fields:
+        return []
+    gains = _floats(fields, "data gain values", hpath, issues) if "data gain values" in fields else [1.0] * nb
+    offs = _floats(fields, "data offset values", hpath, issues) if "data offset values" in fields else [0.0] * nb
+    if gains is None or offs is None:
+        return []
+    if len(gains) == nb and len(offs) == nb:
+        return [FileCalibration("envi_data_gain", tuple(gains), tuple(offs), note="ENVI data gain/offset values")]
+    issues.append(
+        error(
+            Code.PROFILE_MISMATCH,
+            f"'data gain values'/'data offset values' have {len(gains)}/{len(offs)} entries for {nb} bands",
+            where=hpath,
+        )
+    )
+    return []
+
+
+def _size_issue(data: Path, expected: int, shape: str) -> Issue | None:
+    """An error when the data file's size is not the one the header describes (short or long)."""
+    actual = os.path.getsize(data)
+    if actual < expected:
+        return error(
+            Code.TRUNCATED,
+            f"data file is {actual} bytes but the header ({shape}) needs {expected}; {expected - actual} bytes are "
+            "missing (incomplete copy or download?)",
+            where=str(data),
+        )
+    if actual > expected:
+        return error(
+            Code.BAD_METADATA,
+            f"data file is {actual} bytes but the header ({shape}) describes {expected}: {actual - expected} bytes "
+            "more, so samples/lines/bands/data type/header offset do not describe this file and pixels would be "
+            "read from the wrong places. Fix the header",
+            where=str(data),
+        )
+    return None
 
 
 def open_envi(header: Path, data: Path | None) -> RasterSource:
     """Open an ENVI scene from its header (and data file, if found)."""
     hpath = str(header)
-    try:
-        text = header.read_text(encoding="latin-1")
-    except OSError as exc:
-        raise SceneReadError(f"{hpath}: cannot read the ENVI header: {exc}") from exc
-    fields = parse_envi_header(text, hpath)
-    issues: list[Issue] = []
+    fields = _read_header(header)
+    issues: list[Issue] = _layout_issues(fields, hpath)
     samples = _int(fields, "samples", hpath)
     lines = _int(fields, "lines", hpath)
     nb = _int(fields, "bands", hpath)
     code = _int(fields, "data type", hpath)
     offset = _int(fields, "header offset", hpath, default=0)
+    if offset < 0:
+        raise SceneReadError(f"{hpath}: ENVI header field 'header offset' is {offset}; it must be >= 0")
     dtype = ENVI_DTYPES.get(code)
     if dtype is None:
         raise SceneReadError(f"{hpath}: unknown ENVI 'data type = {code}' (known: {sorted(ENVI_DTYPES)})")
-    bands = _band_infos(fields, nb, hpath, issues)
-    nodata = None
-    if "data ignore value" in fields:
-        try:
-            nodata = float(fields["data ignore value"])
-        except ValueError:
-            issues.append(warning(Code.NO_WAVELENGTHS, f"unparsable 'data ignore value' {fields['data ignore value']!r}"))
-    calibrations: list[FileCalibration] = []
-    if "data gain values" in fields or "data offset values" in fields:
-        gains = parse_float_list(fields.get("data gain values", "{" + ",".join(["1"] * nb) + "}"))
-        offs = parse_float_list(fields.get("data offset values", "{" + ",".join(["0"] * nb) + "}"))
-        if len(gains) == nb and len(offs) == nb:
-            calibrations.append(
-                FileCalibration("envi_data_gain", tuple(gains), tuple(offs), note="ENVI data gain/offset values")
-            )
-        else:
-            issues.append(
-                error(
-                    Code.PROFILE_MISMATCH,
-                    f"'data gain values'/'data offset values' have {len(gains)}/{len(offs)} entries for {nb} bands",
-                    where=hpath,
-                )
-            )
+    bands = _band_infos(fields, nb, hpath, issues) if 0 < nb <= 100_000 else []
+    nodata = _nodata(fields, hpath, issues)
+    calibrations = _gains(fields, nb, hpath, issues)
     dt = fields.get("acquisition time")
-    interleave = fields.get("interleave", "bsq").lower()
+    interleave = fields.get("interleave", "bsq").strip().lower()
     meta = SceneMetadata(
         path=hpath,
         files=(hpath,) if data is None else (hpath, str(data)),
@@ -243,26 +322,12 @@ def open_envi(header: Path, data: Path | None) -> RasterSource:
         georeferenced="map info" in fields,
         issues=tuple(issues),
     )
-    if data is None:
-        return MetadataOnlySource(meta)
+    if data is None or any(i.severity == "error" for i in issues) or min(samples, lines, nb) <= 0:
+        return MetadataOnlySource(meta)  # nothing more is read: the report says why
     expected = offset + samples * lines * nb * np.dtype(dtype).itemsize
-    actual = os.path.getsize(data)
-    if actual < expected:
-        short = MetadataOnlySource(
-            dataclasses.replace(
-                meta,
-                issues=(
-                    *meta.issues,
-                    error(
-                        Code.TRUNCATED,
-                        f"data file is {actual} bytes but the header ({samples}x{lines}x{nb} {dtype}, offset {offset}) "
-                        f"needs {expected}; {expected - actual} bytes are missing (incomplete copy or download?)",
-                        where=str(data),
-                    ),
-                ),
-            )
-        )
-        return short
+    wrong = _size_issue(data, expected, f"{samples}x{lines}x{nb} {dtype}, offset {offset}")
+    if wrong is not None:
+        return MetadataOnlySource(dataclasses.replace(meta, issues=(*meta.issues, wrong)))
     src = open_gdal(data)
     g = src.meta
     # GDAL supplies grid, georeferencing and layout; the header supplies the spectral metadata.

@@ -8,6 +8,7 @@ separate handles decode in parallel (GDAL releases the GIL in reads).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import warnings
 from collections.abc import Sequence
@@ -17,12 +18,13 @@ from typing import Any
 import numpy as np
 import rasterio
 import rasterio.windows
-from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
+from rasterio._err import CPLE_BaseError
+from rasterio.errors import NotGeoreferencedWarning, RasterioError, RasterioIOError
 
 from cubelake.errors import SceneReadError
 from cubelake.grid import Window
 
-from ..report import Code, Issue, warning
+from ..report import Code, Issue, error, warning
 from ..spectral import parse_wavelength_text, unit_factor_to_nm
 from ._base import BandInfo, FileCalibration, SceneMetadata, block_grid
 
@@ -101,7 +103,7 @@ class GdalSource:
                     ks = [k for k, _ in pairs]
                     data = handles[fi].read(indexes=[bn for _, bn in pairs], window=win)
                     out[ks] = data
-        except RasterioIOError as exc:
+        except (RasterioError, CPLE_BaseError, OSError, ValueError) as exc:  # GDAL's words for a damaged block
             raise SceneReadError(f"{self._meta.path}: {gdal_error_text(exc)}") from exc
         return out
 
@@ -123,20 +125,40 @@ class GdalSource:
         self.close()
 
 
-def _band_info(ds: rasterio.io.DatasetReader, bidx: int, issues: list[Issue]) -> BandInfo:
+def _tag_number(tags: dict[str, str], key: str, where: str, issues: list[Issue]) -> float | None:
+    """A numeric band tag, or ``None`` with an error naming the band and the tag."""
+    raw = tags[key]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        issues.append(error(Code.BAD_METADATA, f"band tag {key} = {raw[:40]!r} is not a finite number; fix the tag "
+                                               "(gdal_edit.py -mo) or give wavelengths in a profile",
+                            where=f"{where}: {key}"))
+        return None
+    return value
+
+
+def _band_info(ds: rasterio.io.DatasetReader, bidx: int, issues: list[Issue], path: str = "") -> BandInfo:
     tags = ds.tags(bidx)
     imagery = ds.tags(bidx, ns="IMAGERY") if "IMAGERY" in (ds.tag_namespaces(bidx) or []) else {}
     desc = ds.descriptions[bidx - 1]
     wl: float | None = None
     fwhm: float | None = None
+    where = f"{path} band {bidx}"
     if "CENTRAL_WAVELENGTH_UM" in imagery:
-        wl = float(imagery["CENTRAL_WAVELENGTH_UM"]) * 1000.0
+        um = _tag_number(imagery, "CENTRAL_WAVELENGTH_UM", where, issues)
+        wl = um * 1000.0 if um is not None else None
         if "FWHM_UM" in imagery:
-            fwhm = float(imagery["FWHM_UM"]) * 1000.0
+            fw_um = _tag_number(imagery, "FWHM_UM", where, issues)
+            fwhm = fw_um * 1000.0 if fw_um is not None else None
     elif "wavelength" in tags:
         units = tags.get("wavelength_units") or ds.tags().get("wavelength_units")
         factor = unit_factor_to_nm(units) if units else None
-        raw = float(tags["wavelength"])
+        raw = _tag_number(tags, "wavelength", where, issues)
+        if raw is None:
+            return BandInfo(number=bidx, name=desc)
         if factor is None:
             factor = 1000.0 if raw < 30 else 1.0
             if bidx == 1:
@@ -149,7 +171,8 @@ def _band_info(ds: rasterio.io.DatasetReader, bidx: int, issues: list[Issue]) ->
                 )
         wl = raw * factor
         if "fwhm" in tags:
-            fwhm = float(tags["fwhm"]) * factor
+            fw = _tag_number(tags, "fwhm", where, issues)
+            fwhm = fw * factor if fw is not None else None
     else:
         wl = parse_wavelength_text(desc)
     bbl = tags.get("bbl")
@@ -224,7 +247,7 @@ def open_gdal(path: str | Path, *, band_files: Sequence[str] | None = None) -> G
                     f"{files[0]} {first.height}x{first.width} {tuple(first.transform)[:6]}; stacked band files must share one grid"
                 )
             for b in range(1, h.count + 1):
-                info = _band_info(h, b, issues)
+                info = _band_info(h, b, issues, files[fi])
                 n = len(band_map) + 1
                 bands.append(BandInfo(n, info.name, info.wavelength_nm, info.fwhm_nm, info.flagged_bad))
                 band_map.append((fi, b))

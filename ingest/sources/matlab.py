@@ -94,7 +94,10 @@ class MatSource:
 
     def read(self, window: Window) -> np.ndarray:
         with self._lock:  # h5py serialises anyway; keeps the contract simple
-            return np.ascontiguousarray(self._get(window))
+            try:
+                return np.ascontiguousarray(self._get(window))
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:  # h5py's errors on a damaged file
+                raise SceneReadError(f"{self._meta.path}: {type(exc).__name__}: {exc}") from exc
 
     def blocks(self, window: Window) -> Sequence[Window]:
         return [window]
@@ -147,8 +150,14 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
     issues: list[Issue] = []
     h5: h5py.File | None = None
     if v73:
-        h5 = h5py.File(path, "r")
-        vars_ = _list_v73(h5)
+        try:
+            h5 = h5py.File(path, "r")
+            vars_ = _list_v73(h5)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:  # truncated or damaged HDF5
+            if h5 is not None:
+                h5.close()
+            raise SceneReadError(f"{path}: not a readable MATLAB v7.3 (HDF5) file ({exc}); it is damaged or "
+                                 "truncated. Re-copy it, or re-save it from MATLAB") from exc
     else:
         vars_ = _list_v5(path)
     try:

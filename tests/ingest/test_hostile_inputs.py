@@ -288,3 +288,93 @@ def test_numpy_warnings_do_not_leak(tmp_path: Path) -> None:
     assert record is not None
     assert record["mean"][1] is None
     assert record["std"][2] is None
+
+
+# -- ENVI headers, GeoTIFF tags, TIFF block tables, MATLAB files ------------------------------------
+
+AVIRIS = "hsi_aviris_ng_isofit/small_chunk/ang20170323t202244_rdn_7000-7010"
+
+
+def envi_copy(real: Path, dst: Path, edit: dict[str, str], extra: bytes = b"") -> Path:
+    """The real 425-band AVIRIS-NG radiance chunk with header fields replaced (and bytes appended to its data)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    data = dst / "scene"
+    data.write_bytes((real / AVIRIS).read_bytes() + extra)
+    lines = (real / f"{AVIRIS}.hdr").read_text().splitlines()
+    out = [next((f"{k} = {v}" for k, v in edit.items() if line.split("=")[0].strip() == k), line) for line in lines]
+    present = {line.split("=")[0].strip() for line in lines}
+    out += [f"{k} = {v}" for k, v in edit.items() if k not in present]
+    header = dst / "scene.hdr"
+    header.write_text("\n".join(out) + "\n")
+    return header
+
+
+@pytest.mark.parametrize(("edit", "field", "needle"), [
+    ({"wavelength": "{376.86, abc, 386.88}"}, "wavelength", "'abc'"),
+    ({"fwhm": "{5.57, 5.58, nan}"}, "fwhm", "NaN or infinite"),
+    ({"interleave": "zigzag"}, "interleave", "'interleave = zigzag' is not an ENVI interleave"),
+    ({"byte order": "7"}, "byte order", "'byte order = 7' must be 0 (little-endian) or 1 (big-endian)"),
+    ({"data gain values": "{1, two}"}, "data gain values", "'two'"),
+    ({"data ignore value": "none"}, "data ignore value", "is not a number"),
+])
+def test_envi_header_fields_out_of_their_domain_are_named(real: Path, tmp_path: Path, edit: dict[str, str],
+                                                          field: str, needle: str) -> None:
+    header = envi_copy(real, tmp_path / "s", edit)
+    report = validate_scene(header)
+    assert not report.ok
+    bad = [e for e in report.errors if e.code is Code.BAD_METADATA]
+    assert bad, report.summary()
+    assert bad[0].where == f"{header}: {field}"
+    assert needle in bad[0].message
+    assert report.blocks_checked == 0  # no pixel is read through a header that cannot describe them
+
+
+def test_envi_data_file_larger_than_the_header_says_is_rejected(real: Path, tmp_path: Path) -> None:
+    header = envi_copy(real, tmp_path / "s", {}, extra=b"\0" * 4000)
+    report = validate_scene(header)
+    (err,) = report.errors
+    assert err.code is Code.BAD_METADATA
+    assert "4000 bytes more" in err.message
+    assert err.where == str(tmp_path / "s" / "scene")
+
+
+def test_geotiff_band_tags_that_are_not_numbers_are_named(tmp_path: Path) -> None:
+    src = write_geotiff(tmp_path / "tags.tif", hsi_cube(3, 16, 16, "uint16"),
+                        band_tags=[{"wavelength": "500"}, {"wavelength": "six hundred"}, {"wavelength": "700"}])
+    res = cli("validate", str(src))
+    out = no_traceback(res)
+    assert res.returncode == 1
+    assert "band tag wavelength = 'six hundred' is not a finite number" in out
+    report = validate_scene(src)
+    assert report.errors[0].where == f"{src} band 2: wavelength"
+
+
+@pytest.mark.parametrize(("value", "needle"), [(0, "inside the TIFF header"), (96526, "overlap the next block")])
+def test_tiff_block_table_pointing_at_the_header_or_one_place_is_rejected(real: Path, tmp_path: Path, value: int,
+                                                                          needle: str) -> None:
+    import struct
+
+    import tifffile
+
+    src = tmp_path / "table.tif"
+    shutil.copy(real / ENMAP, src)
+    with tifffile.TiffFile(src) as tif:
+        tag = tif.pages.first.tags["StripOffsets"]
+        at, n = tag.valueoffset, tag.count
+    with open(src, "r+b") as f:
+        f.seek(at)
+        f.write(struct.pack(f"<{n}I", *([value] * n)))  # every band's strip at one offset: identical garbage bands
+    results = ingest([src], tmp_path / "lake", IngestOptions(workers=1))
+    assert results[0].outcome is Outcome.REJECTED
+    assert any(needle in e.message for e in results[0].report.errors), results[0].report.summary()
+    assert not any((tmp_path / "lake" / "scenes").iterdir())
+
+
+def test_truncated_matlab_v73_is_a_rejection_naming_the_file(real: Path, tmp_path: Path) -> None:
+    whole = (real / "hsi_ground_truth/v73_hdf5/KSC_gt.mat").read_bytes()
+    cut = tmp_path / "cut.mat"
+    cut.write_bytes(whole[: len(whole) // 2])
+    res = cli("ingest", "--lake", str(tmp_path / "lake"), str(cut))
+    out = no_traceback(res)
+    assert res.returncode == 1
+    assert f"{cut}: not a readable MATLAB v7.3 (HDF5) file" in out
