@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cubelake.errors import ProfileError
+from cubelake.errors import ConfigError, ProfileError
 from cubelake.grid import parse_chunk_size
+from cubelake.yamlsafe import load_yaml
 
 from .sources import SceneMetadata
 from .spectral import DEFAULT_BAD_WINDOWS_NM, unit_factor_to_nm
@@ -246,21 +246,49 @@ def builtin_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(_builtin_dir().glob("*.yaml"))}
 
 
+#: A wavelength table of thousands of bands is a few tens of KB.
+SIDECAR_MAX_BYTES = 4 * 1024 * 1024
+
+
+def _confined(profile: Path, name: str) -> Path:
+    """A file a profile names, confined to the profile's folder (a profile is untrusted input)."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or "\x00" in name:
+        raise ProfileError(
+            f"{profile}: spectral.sidecar {name!r} is not a path inside the profile's folder ({profile.parent}); "
+            "put the sidecar next to the profile and name it relative to it")
+    return profile.parent / rel
+
+
 def _read_sidecar(path: Path) -> tuple[list[float], list[float] | None]:
     """Wavelengths (and FWHM) in nm from a CSV (header row) or YAML sidecar."""
     if not path.is_file():
-        raise ProfileError(f"{path}: wavelength sidecar not found")
+        raise ProfileError(f"{path}: wavelength sidecar not found (or not a regular file)")
+    if path.stat().st_size > SIDECAR_MAX_BYTES:
+        raise ProfileError(f"{path}: {path.stat().st_size} bytes is too large for a wavelength sidecar")
     if path.suffix.lower() in (".yaml", ".yml"):
-        doc = yaml.safe_load(path.read_text()) or {}
+        try:
+            doc = load_yaml(path) or {}
+        except ConfigError as exc:
+            raise ProfileError(str(exc)) from None
+        if not isinstance(doc, dict):
+            raise ProfileError(f"{path}: a YAML sidecar is a mapping with a 'wavelength' list")
         units = doc.get("wavelength_units", doc.get("units", "nm"))
-        factor = unit_factor_to_nm(units)
+        factor = unit_factor_to_nm(units) if isinstance(units, str) else None
         if factor is None:
             raise ProfileError(f"{path}: unknown wavelength unit {units!r}; use nm or um")
-        wl = [float(v) * factor for v in doc.get("wavelength", doc.get("wavelengths", []))]
-        fw = doc.get("fwhm")
-        return wl, ([float(v) * factor for v in fw] if fw else None)
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        try:
+            listed: Any = doc.get("wavelength", doc.get("wavelengths", []))
+            wl = [float(v) * factor for v in listed]
+            fw: Any = doc.get("fwhm")
+            return wl, ([float(v) * factor for v in fw] if fw else None)
+        except (TypeError, ValueError) as exc:
+            raise ProfileError(f"{path}: wavelength/fwhm must be lists of numbers ({exc})") from None
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ProfileError(f"{path}: not a readable CSV wavelength table ({exc})") from None
     if not rows:
         raise ProfileError(f"{path}: empty wavelength sidecar; expected a header row and one row per band")
     cols = {c.strip().lower(): c for c in rows[0]}
@@ -273,8 +301,8 @@ def _read_sidecar(path: Path) -> tuple[list[float], list[float] | None]:
     try:
         wl = [float(r[wcol]) * factor for r in rows]
         fw = [float(r[fcol]) * ffactor for r in rows] if fcol else None
-    except ValueError as exc:
-        raise ProfileError(f"{path}: non-numeric wavelength/FWHM value: {exc}") from exc
+    except (TypeError, ValueError) as exc:  # a short row gives None, a bad cell a ValueError
+        raise ProfileError(f"{path}: non-numeric or missing wavelength/FWHM value: {exc}") from exc
     return wl, fw
 
 
@@ -294,9 +322,9 @@ def load_profile(name_or_path: str | Path) -> SensorProfile:
         wl, fw = _read_sidecar(path)
         return SensorProfile(name=path.stem, spectral=Spectral(wavelengths_nm=wl, fwhm_nm=fw), origin=str(path))
     try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+        doc = load_yaml(path)
+    except ConfigError as exc:
+        raise ProfileError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ProfileError(f"{path}: a profile is a YAML mapping, got {type(doc).__name__}")
     try:
@@ -305,9 +333,7 @@ def load_profile(name_or_path: str | Path) -> SensorProfile:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ProfileError(f"{path}: invalid profile: {problems}") from exc
     if profile.spectral.sidecar:
-        side = Path(profile.spectral.sidecar)
-        if not side.is_absolute():
-            side = path.parent / side
+        side = _confined(path, profile.spectral.sidecar)
         wl, fw = _read_sidecar(side)
         spectral = profile.spectral.model_copy(update={"wavelengths_nm": wl, "fwhm_nm": fw, "sidecar": str(side)})
         profile = profile.model_copy(update={"spectral": spectral})
