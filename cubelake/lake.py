@@ -115,40 +115,70 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+_SKELETON = ("scenes", "rejected", ".staging", ".trash", ".locks")
+
+
+def _is_skeleton(name: str) -> bool:
+    """An entry a lake being created holds (its marker may have appeared since this process looked)."""
+    return name in (*_SKELETON, "lake.json") or (name.startswith(".lake.json.") and name.endswith(".tmp"))
+
+
 class Lake:
     """A lake rooted at a local directory (created on first use)."""
 
     def __init__(self, root: str | Path, *, create: bool = True) -> None:
         self.root = Path(root)
         marker = self.root / "lake.json"
-        if marker.is_file():
-            try:
-                info = json.loads(marker.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise LakeError(f"{marker}: unreadable lake marker ({exc}); is this a cubelake lake?") from exc
-            if info.get("format") != "cubelake-lake":
-                raise LakeError(f"{marker}: not a cubelake lake marker (format={info.get('format')!r})")
-            if int(info.get("version", 0)) > LAKE_VERSION:
+        if not marker.is_file():
+            if not create:
                 raise LakeError(
-                    f"{self.root}: lake format version {info['version']} is newer than this cubelake "
-                    f"understands ({LAKE_VERSION}); upgrade cubelake"
-                )
-        elif create:
-            if self.root.exists() and any(self.root.iterdir()):
-                raise LakeError(
-                    f"{self.root}: exists, is not empty and is not a cubelake lake; choose an empty or new --lake folder"
-                )
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-                for sub in ("scenes", "rejected", ".staging", ".trash", ".locks"):
-                    (self.root / sub).mkdir(exist_ok=True)
-                atomic_write_text(marker, json.dumps({"format": "cubelake-lake", "version": LAKE_VERSION}) + "\n")
-            except OSError as exc:
-                raise LakeError(f"{self.root}: cannot create the lake here: {exc.strerror or exc}") from exc
-        else:
-            raise LakeError(f"{self.root}: no cubelake lake here (no lake.json); create one with 'cubelake ingest --lake'")
-        for sub in ("scenes", "rejected", ".staging", ".trash", ".locks"):
+                    f"{self.root}: no cubelake lake here (no lake.json); create one with 'cubelake ingest --lake'")
+            self._create(marker)
+        self._check_marker(marker)
+        for sub in _SKELETON:
             (self.root / sub).mkdir(exist_ok=True)
+
+    def _check_marker(self, marker: Path) -> None:
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LakeError(f"{marker}: unreadable lake marker ({exc}); is this a cubelake lake?") from exc
+        fmt = info.get("format") if isinstance(info, dict) else None
+        if fmt != "cubelake-lake":
+            raise LakeError(f"{marker}: not a cubelake lake marker (format={fmt!r})")
+        if not isinstance(info.get("version", 0), int) or info.get("version", 0) > LAKE_VERSION:
+            raise LakeError(
+                f"{self.root}: lake format version {info.get('version')!r} is newer than this cubelake "
+                f"understands ({LAKE_VERSION}); upgrade cubelake"
+            )
+
+    def _create(self, marker: Path) -> None:
+        """Create the lake; several processes may do so at once, and all of them succeed.
+
+        A folder holding only the lake's own skeleton is a lake another process is creating right
+        now, not a foreign folder. The marker appears with ``link``, which never replaces one that
+        another process wrote in the meantime (with allowed roots it may already have added).
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise LakeError(f"{self.root}: exists and is not a folder; choose an empty or new --lake folder")
+        if self.root.is_dir() and any(not _is_skeleton(p.name) for p in self.root.iterdir()):
+            raise LakeError(
+                f"{self.root}: exists, is not empty and is not a cubelake lake; choose an empty or new --lake folder"
+            )
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for sub in _SKELETON:
+                (self.root / sub).mkdir(exist_ok=True)
+            tmp = marker.with_name(f".lake.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+            tmp.write_text(json.dumps({"format": "cubelake-lake", "version": LAKE_VERSION}) + "\n")
+            try:
+                os.link(tmp, marker)
+            except FileExistsError:
+                pass  # another process created the lake first: use theirs
+            finally:
+                tmp.unlink()
+        except OSError as exc:
+            raise LakeError(f"{self.root}: cannot create the lake here: {exc.strerror or exc}") from exc
 
     def space_text(self, needed: int | None = None) -> str:
         """Where the lake's bytes go and how much room is left, for disk-full messages."""

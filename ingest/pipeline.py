@@ -711,9 +711,15 @@ def iter_ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: I
                 progress: ProgressCallback | None = None, labels: str | Path | None = None) -> Iterator[IngestResult]:
     """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes."""
     lk = lake if isinstance(lake, Lake) else Lake(lake)
-    lk.recover()
-    with LakeCatalog(lk) as catalog:
-        catalog.recover()
+    try:
+        lk.recover()
+        with LakeCatalog(lk) as catalog:
+            catalog.recover()
+    except (OSError, CubelakeError) as exc:
+        if is_disk_full(exc):  # not an index to rebuild: a device to free
+            raise LakeFullError(f"{lk.root}: the lake cannot be written: the {lk.space_text()}. Free space (or use a "
+                                "--lake on another device) and run the same command again") from exc
+        raise
     for scene in discover(paths, labels=labels, skip=(lk.root,)):
         yield _ingest_one(scene, lk, options, progress)
 

@@ -155,6 +155,33 @@ def test_two_processes_ingesting_the_same_scene(tmp_path: Path) -> None:
     assert Lake(root).scene_ids() == ["scene"]
 
 
+def test_processes_creating_one_new_lake_at_once_all_succeed(tmp_path: Path) -> None:
+    """Each round starts several processes at one instant on a lake that does not exist yet."""
+    code = ("import sys, time; from cubelake.lake import Lake; t = float(sys.argv[2]); "
+            "time.sleep(max(0.0, t - time.time())); lk = Lake(sys.argv[1]); print(len(lk.scene_ids()))")
+    for round_ in range(5):
+        root = tmp_path / f"lake{round_}" / "deeper"
+        start = time.time() + 1.0
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(start)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(6)]
+        results = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 6, [err for _, err in results]
+        assert json.loads((root / "lake.json").read_text())["format"] == "cubelake-lake"
+        assert sorted(p.name for p in root.iterdir()) == [".locks", ".staging", ".trash", "lake.json", "rejected",
+                                                          "scenes"]
+
+
+def test_lake_creation_never_replaces_a_marker_another_process_wrote(tmp_path: Path) -> None:
+    root = tmp_path / "lake"
+    Lake(root).allow_root(str(tmp_path / "archive"))
+    assert Lake(root).allowed_roots == [str((tmp_path / "archive").resolve())]
+    # a process that found no marker a moment ago still creates nothing over the one now there
+    late = Lake.__new__(Lake)
+    late.root = root
+    late._create(root / "lake.json")
+    assert Lake(root).allowed_roots == [str((tmp_path / "archive").resolve())]
+
+
 def test_lake_refuses_foreign_or_newer_folders(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

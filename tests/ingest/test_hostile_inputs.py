@@ -378,3 +378,41 @@ def test_truncated_matlab_v73_is_a_rejection_naming_the_file(real: Path, tmp_pat
     out = no_traceback(res)
     assert res.returncode == 1
     assert f"{cut}: not a readable MATLAB v7.3 (HDF5) file" in out
+
+
+# -- a full disk ---------------------------------------------------------------------------------
+
+
+def _on_tmpfs(size: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (sh) in a private mount namespace where ``$FULL`` is a tmpfs of ``size``."""
+    return subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs "$FULL" && {script}'],
+                          capture_output=True, text=True, timeout=300, env={**os.environ}, errors="backslashreplace")
+
+
+@pytest.mark.parametrize("size", ["40k", "300k"])
+def test_disk_full_names_the_device_and_the_space_and_leaves_nothing_half_written(real: Path, tmp_path: Path,
+                                                                                  size: str) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    os.environ["FULL"] = str(full)
+    try:
+        res = _on_tmpfs(size, f'{sys.executable} -m cubelake.cli ingest --lake "$FULL/lake" {real / ENMAP}; '
+                              'echo "rc=$?"; ls -A "$FULL/lake/.staging" "$FULL/lake/scenes"')
+    finally:
+        del os.environ["FULL"]
+    out = no_traceback(res)
+    assert f"mounted at {full}" in out
+    assert "tmpfs" in out
+    assert "free of" in out
+    assert "reindex" not in out  # the index is fine; the device is full
+    listing = res.stdout[res.stdout.index("rc="):].splitlines()
+    if size == "40k":  # not even the catalog index fits
+        assert listing[0] == "rc=2"
+        assert "the lake cannot be written" in out
+    else:
+        assert listing[0] == "rc=1"
+        assert "no space left for this scene's products" in out
+        assert "this scene needs up to about 824.0 KiB" in out  # 206 bands x 32 x 32 int16, COG + Zarr
+        assert "Nothing was published" in out
+    staged = [ln for ln in listing[1:] if ln and not ln.endswith(":")]
+    assert staged == []  # no build left in .staging, nothing in scenes/
