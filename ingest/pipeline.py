@@ -302,6 +302,18 @@ def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
     }
 
 
+def _keeping_products(options: IngestOptions, previous: dict[str, Any] | None) -> IngestOptions:
+    """The products to build: those asked for, plus those the published version already has.
+
+    Re-ingesting with ``--products refs`` must not delete the scene's COG and Zarr: a product
+    once published stays (rebuilt with the new settings when anything changed).
+    """
+    had = set((previous or {}).get("products") or {}) & set(PRODUCTS)
+    if had <= set(options.products):
+        return options
+    return dataclasses.replace(options, products=tuple(p for p in PRODUCTS if p in had | set(options.products)))
+
+
 def _reject(lake: Lake, scene_id: str, inp: SceneInput, report: ValidationReport, t0: float,
             kept_previous: bool) -> IngestResult:
     record = {
@@ -359,35 +371,47 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
                 if source is not None and not any(i.code in _NO_PIXEL_PASS for i in report.errors):
                     _pixel_pass(opened, options, (), None, options.chunk or 256, None)
                 return _reject(lake, scene_id, inp, report, t0, previous is not None)
-            plan = opened.plan
-            meta = source.meta
-            settings = _settings(plan, options)
-            cfg_hash = config_hash(settings)
-            files = list(meta.files) + ([str(inp.labels)] if inp.labels else [])
-            if previous is None:
-                # nothing to compare with: hash the source while the products are built
-                hasher = _Background(lambda: fingerprint_files(files, None))
-                return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0,
-                                      emit)
-            prints = fingerprint_files(files, previous)
-            c_hash = content_hash(prints)
-            if (
-                not options.force
-                and previous.get("source", {}).get("content_hash") == c_hash
-                and previous.get("config_hash") == cfg_hash
-            ):
-                emit("done")
-                return IngestResult(
-                    str(inp.path), scene_id, Outcome.UNCHANGED, report,
-                    f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
-                    products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
-                    seconds=time.perf_counter() - t0,
-                )
-            return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash,
-                                  _Background(lambda: prints), previous, t0, emit)
+            wider = _keeping_products(options, previous)
+            kept = [p for p in wider.products if p not in options.products]
+            result = _build_or_skip(inp, lake, scene_id, opened, wider, previous, t0, emit)
+            if kept:
+                result.message += (f"; kept {', '.join(kept)} from the previous version"
+                                   + (" (rebuilt with these settings)" if result.outcome is Outcome.INGESTED else ""))
+            return result
     finally:
         if source is not None:
             source.close()
+
+
+def _build_or_skip(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+                   previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
+    """Build the scene's products, unless the published version has the same content and settings."""
+    assert opened.plan is not None
+    assert opened.source is not None
+    settings = _settings(opened.plan, options)
+    cfg_hash = config_hash(settings)
+    meta = opened.source.meta
+    files = list(meta.files) + ([str(inp.labels)] if inp.labels else [])
+    if previous is None:
+        # nothing to compare with: hash the source while the products are built
+        hasher = _Background(lambda: fingerprint_files(files, None))
+        return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0, emit)
+    prints = fingerprint_files(files, previous)
+    c_hash = content_hash(prints)
+    if (
+        not options.force
+        and previous.get("source", {}).get("content_hash") == c_hash
+        and previous.get("config_hash") == cfg_hash
+    ):
+        emit("done")
+        return IngestResult(
+            str(inp.path), scene_id, Outcome.UNCHANGED, opened.report,
+            f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
+            products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
+            seconds=time.perf_counter() - t0,
+        )
+    return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
+                          previous, t0, emit)
 
 
 def _guarded_build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,

@@ -60,8 +60,17 @@ def _parse_size(text: str) -> int:
     return int(float(m.group(1)) * factor)
 
 
+def _limits(max_bytes: str | None, max_dimension: int | None, max_bands: int | None) -> Limits:
+    base = Limits()
+    for value, name in ((max_dimension, "--max-dimension"), (max_bands, "--max-bands")):
+        if value is not None and value < 1:
+            raise typer.BadParameter(f"must be a positive number, got {value}", param_hint=name)
+    return Limits(max_bytes=_parse_size(max_bytes) if max_bytes else base.max_bytes,
+                  max_dimension=max_dimension or base.max_dimension, max_bands=max_bands or base.max_bands)
+
+
 def _options(profile: str, products: str, chunk: int | None, shard: int | None, workers: int | None,
-             max_bytes: str | None, variable: str | None, axes: str | None, force: bool,
+             limits: Limits, variable: str | None, axes: str | None, force: bool,
              refs_format: str = "auto") -> IngestOptions:
     try:
         prof = None if profile == "auto" else load_profile(profile)
@@ -78,7 +87,6 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
     if axes is not None and axes not in ("yxb", "xyb", "byx", "bxy", "bp", "pb"):
         raise typer.BadParameter(f"axes {axes!r}: use yxb, xyb, byx, bxy (3-D) or bp, pb (2-D bands x pixels)",
                                  param_hint="--axes")
-    limits = Limits(max_bytes=_parse_size(max_bytes)) if max_bytes else Limits()
     source = SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes)
     if refs_format not in ("auto", "json", "parquet"):
         raise typer.BadParameter(f"{refs_format!r}: use auto, json or parquet", param_hint="--refs-format")
@@ -131,6 +139,8 @@ def ingest_cmd(
     axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube (yxb, byx, ..., bp, pb)."),
     workers: int | None = typer.Option(None, "--workers", help="Threads for reading/compressing (default: CPUs)."),
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
+    max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
+    max_bands: int | None = typer.Option(None, "--max-bands", help="Most bands accepted (default 10,000)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the scene and config are unchanged."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
@@ -138,7 +148,8 @@ def ingest_cmd(
 ) -> None:
     """Validate, calibrate and convert scenes into the lake (COG, Zarr v3 and/or kerchunk references)."""
     configure_output(verbose, quiet)
-    opts = _options(profile, products, chunk, shard, workers, max_bytes, variable, axes, force, refs_format)
+    opts = _options(profile, products, chunk, shard, workers, _limits(max_bytes, max_dimension, max_bands), variable,
+                    axes, force, refs_format)
     try:
         lk = Lake(lake)
     except CubelakeError as exc:
@@ -170,6 +181,8 @@ def validate_cmd(
     variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
     axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube."),
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
+    max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
+    max_bands: int | None = typer.Option(None, "--max-bands", help="Most bands accepted (default 10,000)."),
     report_dir: Path | None = typer.Option(None, "--report-dir", help="Also write one JSON report per scene here."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
@@ -177,7 +190,8 @@ def validate_cmd(
 ) -> None:
     """Run every check (every block is decoded) without writing any product."""
     configure_output(verbose, quiet)
-    opts = _options(profile, "cog", chunk, None, None, max_bytes, variable, axes, False)
+    opts = _options(profile, "cog", chunk, None, None, _limits(max_bytes, max_dimension, max_bands), variable, axes,
+                    False)
     try:
         with progress_bars(fmt is OutputFormat.text) as on_event:
             reports = validate(paths, opts, progress=on_event)

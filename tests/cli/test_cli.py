@@ -127,3 +127,32 @@ def test_missing_input_is_rejected_not_a_crash(tmp_path: Path, good: Path) -> No
     assert res.exit_code == 1
     assert "not_found" in res.output
     assert "no such file" in res.output
+
+
+def test_reingest_with_other_products_keeps_the_published_ones(tmp_path: Path, good: Path) -> None:
+    lake = tmp_path / "lake"
+    first = runner.invoke(app, ["ingest", "--lake", str(lake), "--chunk", "32", str(good)])
+    assert first.exit_code == 0, first.output
+    scene = lake / "scenes" / "good"
+    assert {p.name for p in scene.iterdir()} >= {"good.tif", "good.zarr"}
+    refs = runner.invoke(app, ["ingest", "--lake", str(lake), "--chunk", "32", "--products", "refs", str(good)])
+    assert refs.exit_code == 0, refs.output
+    assert "kept cog, zarr from the previous version (rebuilt with these settings)" in refs.output
+    assert {p.name for p in scene.iterdir()} >= {"good.tif", "good.zarr", "good.refs.json"}
+    record = json.loads((scene / "scene.json").read_text())
+    assert sorted(record["products"]) == ["cog", "refs", "zarr"]
+    again = runner.invoke(app, ["ingest", "--lake", str(lake), "--chunk", "32", "--products", "zarr", str(good)])
+    assert "unchanged" in again.output
+    assert "kept cog, refs from the previous version" in again.output
+
+
+def test_the_limits_named_in_messages_are_options(tmp_path: Path, good: Path) -> None:
+    res = runner.invoke(app, ["validate", "--max-dimension", "30", str(good)])
+    assert res.exit_code == 1
+    assert "exceeds the 30-pixel limit per dimension" in res.output
+    assert "Raise --max-dimension if it is genuine" in res.output
+    ok = runner.invoke(app, ["validate", "--max-dimension", "50", "--max-bands", "5", str(good)])
+    assert ok.exit_code == 0, ok.output
+    few = runner.invoke(app, ["validate", "--max-bands", "4", str(good)])
+    assert "raise --max-bands if genuine" in few.output
+    assert runner.invoke(app, ["validate", "--max-bands", "0", str(good)]).exit_code == 2
