@@ -59,7 +59,7 @@ from .identity import (
 )
 from .labels import LabelPlan, plan_labels, write_labels
 from .plan import ScenePlan, build_plan
-from .profile import SensorProfile, match_profile
+from .profile import SensorProfile, match_profile, near_profiles
 from .report import Code, Issue, ValidationReport, error, warning
 from .scan import ScanResult, scan
 from .sources import (
@@ -224,6 +224,11 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
     profile = options.profile or match_profile(meta) or SensorProfile()
     plan, issues = build_plan(meta, profile, chunk=options.chunk)
     report.extend(issues)
+    if options.profile is None and profile.match is None and not report.ok:
+        report.extend(warning(Code.PROFILE_SUGGESTED,
+                              f"no bundled profile matched this file by name or content, but {name} fits its "
+                              f"{meta.count} bands; if the scene is one, ingest it with --profile {name}")
+                      for name in near_profiles(meta))
     labels = None
     label_src = inp.labels
     if label_src is not None or getattr(source, "labels", None) is not None:

@@ -13,6 +13,7 @@ import csv
 import fnmatch
 import hashlib
 import json
+import logging
 import math
 import re
 from importlib import resources
@@ -41,18 +42,53 @@ __all__ = [
     "builtin_profiles",
     "load_profile",
     "match_profile",
+    "near_profiles",
 ]
+
+log = logging.getLogger(__name__)
 
 _Strict = ConfigDict(extra="forbid", frozen=True)
 
 
 class Match(BaseModel):
-    """When ``--profile auto`` picks this profile: every given rule must hold."""
+    """When ``--profile auto`` picks this profile.
+
+    By name: the ``filename`` globs match and every other given rule holds. By content, whatever
+    the file is called: every given content rule holds and there is one beyond the band count
+    (``wavelengths_nm`` or ``tags``), since a band count alone is shared by many sensors.
+    """
 
     model_config = _Strict
     filename: list[str] = Field(default_factory=list, description="glob patterns, case-insensitive")
     bands: int | None = None
     tags: dict[str, str] = Field(default_factory=dict, description="scene tags that must equal these values")
+    wavelengths_nm: tuple[float, float] | None = Field(
+        None, description="the scene's first and last band centre wavelengths (nm), each within tolerance_nm")
+    tolerance_nm: float = Field(3.0, gt=0)
+
+    def _wavelengths_fit(self, meta: SceneMetadata) -> bool:
+        wl = meta.wavelengths_nm
+        if self.wavelengths_nm is None or not wl or wl[0] is None or wl[-1] is None:
+            return False
+        first, last = self.wavelengths_nm
+        return abs(wl[0] - first) <= self.tolerance_nm and abs(wl[-1] - last) <= self.tolerance_nm
+
+    def how(self, meta: SceneMetadata) -> str | None:
+        """``"name"`` or ``"content"`` when the rules pick this profile for ``meta``, else ``None``.
+
+        A name match needs the band count and tags (the wavelengths may be missing from such a
+        file); a content match needs those and the wavelengths, when the rules give them.
+        """
+        if self.bands is not None and self.bands != meta.count:
+            return None
+        if any(meta.tags.get(k, "").strip() != v for k, v in self.tags.items()):
+            return None
+        name = Path(meta.path).name.lower()
+        if self.filename and any(fnmatch.fnmatch(name, pat.lower()) for pat in self.filename):
+            return "name"
+        if self.wavelengths_nm is not None:
+            return "content" if self._wavelengths_fit(meta) else None
+        return "content" if self.tags or not self.filename else None
 
 
 class Calibration(BaseModel):
@@ -341,18 +377,23 @@ def load_profile(name_or_path: str | Path) -> SensorProfile:
 
 
 def match_profile(meta: SceneMetadata) -> SensorProfile | None:
-    """The first bundled profile whose ``match`` rules all hold for this scene, if any."""
-    name = Path(meta.path).name.lower()
+    """The first bundled profile whose ``match`` rules pick this scene (by name or by content), if any."""
     for path in builtin_profiles().values():
         profile = load_profile(path)
-        m = profile.match
-        if m is None:
+        if profile.match is None:
             continue
-        if m.filename and not any(fnmatch.fnmatch(name, pat.lower()) for pat in m.filename):
-            continue
-        if m.bands is not None and m.bands != meta.count:
-            continue
-        if any(meta.tags.get(k, "").strip() != v for k, v in m.tags.items()):
-            continue
-        return profile
+        how = profile.match.how(meta)
+        if how is not None:
+            log.info("%s: profile %s (matched by %s)", meta.path, profile.name, how)
+            return profile
     return None
+
+
+def near_profiles(meta: SceneMetadata) -> list[str]:
+    """Bundled profiles that fit the scene's band count but were not picked (for a hint on a rejection)."""
+    out = []
+    for name, path in builtin_profiles().items():
+        m = load_profile(path).match
+        if m is not None and m.bands == meta.count and m.how(meta) is None:
+            out.append(name)
+    return out

@@ -59,6 +59,7 @@ class Code(StrEnum):
     SPECTRAL_OVERLAP = "spectral_overlap"
     CALIBRATION_SUSPECT = "calibration_suspect"
     BANDS_MISSING = "bands_missing"
+    PROFILE_SUGGESTED = "profile_suggested"
 
 
 @dataclass(frozen=True, slots=True)

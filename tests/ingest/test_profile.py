@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,41 @@ def test_match_profile_by_name_bands_and_tags() -> None:
     assert l5 is not None
     assert l5.name == "landsat5-tm"
     assert match_profile(_meta("scene.tif", 3)) is None
+
+
+def test_renamed_enmap_tile_is_detected_by_content(real: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from cubelake.ingest import Outcome, ingest
+
+    renamed = tmp_path / "scene.tif"
+    shutil.copy(real / "hsi_enmap_potsdam/enmap_potsdam_tile_96_0.tif", renamed)
+    (r,) = ingest([renamed], tmp_path / "lake")
+    assert r.outcome is Outcome.INGESTED, r.report.summary()
+    record = json.loads((tmp_path / "lake" / "scenes" / "scene" / "scene.json").read_text())
+    assert record["profile"]["name"] == "enmap-l2a"
+    assert record["encoding"]["dtype"] == "int16"  # the profile's encoding, not the generic float32
+
+
+def test_a_near_miss_suggests_the_profile(real: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import rasterio
+
+    from cubelake.ingest import Code, validate_scene
+
+    odd = tmp_path / "scene.tif"
+    shutil.copy(real / "hsi_enmap_potsdam/enmap_potsdam_tile_96_0.tif", odd)
+    with rasterio.open(odd, "r+") as ds:  # wavelengths shifted by 20 nm: not recognisably EnMAP by content
+        for b in range(1, ds.count + 1):
+            ds.update_tags(b, wavelength=str(float(ds.tags(b)["wavelength"]) + 20))
+    report = validate_scene(odd)
+    assert not report.ok  # the generic profile rejects the VNIR/SWIR seam
+    (hint,) = [w for w in report.warnings if w.code is Code.PROFILE_SUGGESTED]
+    assert "--profile enmap-l2a" in hint.message
+    assert "224 bands" in hint.message
+
+
+def test_content_rules_need_more_than_a_band_count() -> None:
+    # 224 bands without EnMAP's wavelengths (e.g. classic AVIRIS) is not EnMAP
+    assert match_profile(_meta("scene.tif", 224)) is None
