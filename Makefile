@@ -14,7 +14,7 @@ $(BIN)/python:
 # torch==2.13.0 first: it is a local CPU wheel here; a looser pin would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[torch,test,bench]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -30,6 +29,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from .errors import LakeError
 
@@ -251,18 +252,21 @@ class Lake:
     # -- concurrency and atomicity -----------------------------------------
     @contextlib.contextmanager
     def lock(self, scene_id: str, *, blocking: bool = True) -> Iterator[bool]:
-        """Hold the scene's lock across processes; yields False if ``blocking=False`` and it is taken."""
-        path = self.root / ".locks" / f"{scene_id}.lock"
-        with open(path, "a+") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        """Hold the scene's lock across processes; yields False if ``blocking=False`` and it is taken.
+
+        filelock gives flock(2) on POSIX and msvcrt locking on Windows; the lock file stays (removing
+        it would let a third process lock a new file while the second still holds the old one).
+        """
+        lock = filelock.FileLock(self.root / ".locks" / f"{scene_id}.lock")
+        try:
+            lock.acquire(timeout=-1 if blocking else 0)
+        except filelock.Timeout:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
 
     @contextlib.contextmanager
     def staging(self, scene_id: str) -> Iterator[Path]:

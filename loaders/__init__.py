@@ -11,6 +11,13 @@ torch is imported by ``dataset`` only.
 
 from __future__ import annotations
 
+try:
+    import torch  # noqa: F401  (checked here so a missing torch is one clear message, not a bare traceback)
+except ModuleNotFoundError as _exc:  # pragma: no cover - exercised in a subprocess without torch
+    raise ModuleNotFoundError(
+        "cubelake.loaders needs PyTorch, which is not installed: pip install 'cubelake[torch]' "
+        "(or install the torch build for your platform first, e.g. pip install torch)", name="torch") from _exc
+
 from cubelake.grid import ChunkGrid
 
 from .dataset import CubeDataset, Sampling
