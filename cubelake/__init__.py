@@ -3,7 +3,9 @@
 Import order (imports point one way; lower layers never import higher ones)::
 
     cubelake.errors, cubelake.grid      pure core (no I/O)
+    cubelake.yamlsafe                   bounded YAML for untrusted files
     cubelake.lake                       the lake on disk (layout, atomic publish, locks)
+    cubelake.products                   a scene's product as an analysis-ready xarray Dataset
     cubelake.ingest                     readers, validation, calibration, COG/Zarr writers
     cubelake.catalog, cubelake.loaders  (later) catalog and PyTorch loaders
     cubelake.cli                        the command line (typer/rich live only here)
@@ -13,4 +15,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from .products import open_dataset
+
+__all__ = ["__version__", "open_dataset"]

@@ -1,0 +1,80 @@
+"""Open a lake product as the analysis-ready xarray Dataset users expect.
+
+Plain ``xr.open_zarr`` reads a scene's Zarr fine, with two surprises for spectral work: zarr
+stores attributes as JSON, so a CF ``scale_factor`` is always a float64 and xarray decodes
+int16 reflectance to float64 (twice the memory of the float32 it was before encoding), and
+non-dimension coordinates such as ``wavelength`` come back as dask arrays, which cannot index
+(``ds.band[ds.wavelength > 800]`` fails). :func:`open_dataset` opens a scene's Zarr or its
+references and returns calibrated values as float32 and ``wavelength``/``fwhm`` loaded, with
+an index on ``wavelength`` so ``ds.sel(wavelength=slice(800, 900))`` selects bands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import CubelakeError
+
+__all__ = ["open_dataset"]
+
+_SPECTRAL_COORDS = ("wavelength", "fwhm")
+
+
+def _product_path(path: Path, prefer: Sequence[str]) -> tuple[str, Path]:
+    """``(kind, path)`` of the product to open: a scene folder picks its first product in ``prefer``."""
+    name = path.name.lower()
+    if name.endswith(".zarr"):
+        return "zarr", path
+    if name.endswith((".json", ".parq", ".parquet")):
+        return "refs", path
+    record_file = path / "scene.json"
+    if not record_file.is_file():
+        raise CubelakeError(f"{path}: not a lake scene folder (no scene.json), a .zarr store or a reference set")
+    try:
+        products = json.loads(record_file.read_text()).get("products") or {}
+    except (OSError, ValueError) as exc:
+        raise CubelakeError(f"{record_file}: unreadable scene record ({exc})") from exc
+    for kind in prefer:
+        if kind in products and kind in ("zarr", "refs"):
+            return kind, path / str(products[kind]["path"])
+    raise CubelakeError(f"{path}: the scene has no {' or '.join(prefer)} product (it has {sorted(products)}); "
+                        "re-ingest it with --products zarr or refs, or open its COG with rioxarray")
+
+
+def open_dataset(product: str | Path, *, prefer: Sequence[str] = ("zarr", "refs"), chunks: Any = "auto",
+                 dtype: str = "float32", lake: Any = None, **refs_kwargs: Any) -> Any:
+    """A scene's cube ``data (band, y, x)`` as an xarray Dataset, decoded to ``dtype``.
+
+    ``product``: a lake scene folder, a ``.zarr`` store, or a reference set (JSON/Parquet).
+    ``chunks``: dask chunks as in ``xr.open_dataset`` (``None`` for no dask). ``dtype``: the
+    floating type calibrated values are decoded to (nodata becomes NaN). ``lake`` and
+    ``refs_kwargs`` (``allowed_roots``, ``storage_options``) are passed to
+    :func:`cubelake.refs.open_dataset` for reference sets, which checks every target.
+    """
+    import xarray as xr
+
+    kind, path = _product_path(Path(product), prefer)
+    if kind == "zarr":
+        ds = xr.open_dataset(path, engine="zarr", chunks=chunks)
+    else:
+        from cubelake.refs import open_dataset as open_refs
+
+        kwargs = dict(refs_kwargs, **({"lake": lake} if lake is not None else {}))
+        ds = open_refs(path, chunks=chunks, **kwargs)
+    return _analysis_ready(ds, dtype)
+
+
+def _analysis_ready(ds: Any, dtype: str) -> Any:
+    """Spectral coordinates loaded and indexed; floating data variables in ``dtype`` (lazy when dask)."""
+    spectral = {name: ds[name].load() for name in _SPECTRAL_COORDS if name in ds.coords}
+    if spectral:
+        ds = ds.assign_coords(spectral)
+    if "wavelength" in ds.coords and ds["wavelength"].dims == ("band",) and "wavelength" not in ds.indexes:
+        ds = ds.set_xindex("wavelength")
+    for name, var in ds.data_vars.items():
+        if var.dtype.kind == "f" and var.dtype != dtype:
+            ds[name] = var.astype(dtype, keep_attrs=True)
+    return ds
