@@ -43,8 +43,11 @@ def configure_output(verbose: int, quiet: bool) -> None:
         handlers=[RichHandler(show_time=False, show_path=False, console=err_console())],
         force=True,
     )
-    # GDAL's own warnings about odd TIFF tags are noise next to our reports; show them with -vv
+    # GDAL's and tifffile's own complaints about odd TIFF tags are noise next to our reports (which say
+    # what is wrong with the file); show them with -vv
     logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
+    logging.getLogger("tifffile").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
+    logging.getLogger("filelock").setLevel(logging.WARNING)  # a DEBUG line per lock taken
     STATE.quiet = STATE.quiet or quiet
 
 

@@ -416,3 +416,11 @@ def test_disk_full_names_the_device_and_the_space_and_leaves_nothing_half_writte
         assert "Nothing was published" in out
     staged = [ln for ln in listing[1:] if ln and not ln.endswith(":")]
     assert staged == []  # no build left in .staging, nothing in scenes/
+
+
+def test_third_party_log_lines_stay_out_of_the_output(real: Path, tmp_path: Path) -> None:
+    fuzz = real / "bad_inputs/image_tiff_fuzz"
+    res = cli("ingest", "--lake", str(tmp_path / "lake"), "--products", "cog,zarr,refs", str(fuzz))
+    out = no_traceback(res)
+    assert "tifffile" not in out  # tifffile logs ERROR lines for these headers; our report says what is wrong
+    assert res.returncode == 1
