@@ -11,12 +11,12 @@ from numcodecs.registry import register_codec
 
 from .api import (
     build_refs,
-    lake_roots,
     open_array,
     open_dataset,
     open_store,
     stat_target,
     tiff_layout,
+    trusted_roots,
 )
 from .codec import TiffTileCodec
 from .formats import PARQUET_THRESHOLD, load_refs, write_refs
@@ -43,12 +43,12 @@ __all__ = [
     "Target",
     "TiffTileCodec",
     "build_refs",
-    "lake_roots",
     "load_refs",
     "open_array",
     "open_dataset",
     "open_store",
     "stat_target",
     "tiff_layout",
+    "trusted_roots",
     "write_refs",
 ]

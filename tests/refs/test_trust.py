@@ -35,7 +35,8 @@ def _evil(tmp_path: Path, target: str, name: str = "evil.json") -> Path:
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "file:///etc/passwd", "s3://other-bucket/x.tif",
-                                    "http://example.com/x.tif", "relative/x.tif", "SRC/../../../etc/passwd"])
+                                    "http://example.com/x.tif", "../../../../../../../../etc/passwd",
+                                    "SRC/../../../etc/passwd"])
 def test_targets_outside_the_allowed_roots_are_refused(tmp_path: Path, geotiff, target: str) -> None:
     src, _ = _tiled(geotiff)
     write_refs(build_refs(str(src)), tmp_path / "good.json")
@@ -66,16 +67,19 @@ def test_explicitly_allowed_root_is_trusted(tmp_path: Path, geotiff) -> None:
     np.testing.assert_array_equal(open_array(refs_dir / "r.json", allowed_roots=[str(elsewhere)])[:], data)
 
 
-def test_a_lake_trusts_itself_and_its_allowed_roots_only(tmp_path: Path, geotiff) -> None:
+def test_a_lake_named_by_the_caller_lends_its_allowed_roots(tmp_path: Path, geotiff) -> None:
     lake = Lake(tmp_path / "lake")
     src, data = _tiled(geotiff)
     refs = lake.root / "cube.json"
     write_refs(build_refs(str(src)), refs)
     with pytest.raises(UntrustedTargetError):
-        open_array(refs)  # the source folder is not a root of this lake
+        open_array(refs, lake=lake)  # the source folder is not a root of this lake
     assert lake.allow_root(str(tmp_path)) is True
     assert lake.allow_root(str(tmp_path)) is False
-    np.testing.assert_array_equal(open_array(refs)[:], data)
+    np.testing.assert_array_equal(open_array(refs, lake=lake)[:], data)
+    np.testing.assert_array_equal(open_array(refs, lake=str(lake.root))[:], data)
+    with pytest.raises(UntrustedTargetError):
+        open_array(refs)  # the lake.json beside the set counts only when the caller names the lake
 
 
 def test_cli_check_reports_untrusted_and_allows_with_flag(tmp_path: Path, geotiff) -> None:
