@@ -110,8 +110,8 @@ def check_cmd(
 
     try:
         opened_lake = Lake(lake, create=False) if lake is not None else None
-    except CubelakeError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--lake") from None
+    except CubelakeError as exc:  # an unusable --lake is a usage error (exit code 2)
+        raise fail(exc, 2) from None
     try:
         arr = open_array(refs, lake=opened_lake, allowed_roots=allow_root)
         store = arr.store
