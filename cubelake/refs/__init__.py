@@ -19,6 +19,7 @@ from .api import (
     trusted_roots,
 )
 from .codec import TiffTileCodec
+from .combine import combine_refs
 from .formats import PARQUET_THRESHOLD, load_refs, write_refs
 from .model import RefSet, Target
 from .security import AllowedRoots
@@ -43,6 +44,7 @@ __all__ = [
     "Target",
     "TiffTileCodec",
     "build_refs",
+    "combine_refs",
     "load_refs",
     "open_array",
     "open_dataset",

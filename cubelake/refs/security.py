@@ -113,7 +113,6 @@ class AllowedRoots:
         hint = root_to_allow(where if scheme == "file" else url)
         raise UntrustedTargetError(
             f"{refs_path}: target {url!r} is outside the allowed roots ({allowed}); a reference set is untrusted "
-            f"input, and only the caller can widen what it may read. If you trust it, allow that root explicitly: "
-            f"--allow-root {shlex.quote(hint)} for `cubelake refs check`, allowed_roots=[{hint!r}] in Python, "
-            "or for references kept in a lake `cubelake refs allow ROOT --lake LAKE` and then --lake LAKE "
-            "(lake=LAKE in Python)")
+            f"input, and only the caller can widen what it may read. If you trust it, allow that root: "
+            f"--allow-root {shlex.quote(hint)} (cubelake refs check) or allowed_roots=[{hint!r}] (Python); for a set "
+            "kept in a lake whose allowed roots hold the target, name the lake: --lake LAKE (lake=LAKE in Python)")
