@@ -339,11 +339,14 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
     cb, ch, cw = zarray["chunks"]
     sep = zarray.get("dimension_separator", ".")
     dtype = np.dtype(zarray["dtype"]).newbyteorder("=")
-    scale, offset = _cf(zattrs)
-    fill = zattrs.get("_FillValue", zarray.get("fill_value"))
-    fill_v = _fill(fill)
-    wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
-    fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    try:  # attributes and inline coordinates come from an untrusted set: bad values name the product
+        scale, offset = _cf(zattrs)
+        fill_v = _fill(zattrs.get("_FillValue", zarray.get("fill_value")))
+        wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
+        fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ProductError(f"{url}: unreadable attributes or coordinates in the references ({e}); "
+                           "re-create them with cubelake") from None
     stats = _stats_from_bands(record.get("bands") or []) if record else None
     # what the targets hold, not where they are or when they were copied (a moved lake keeps its cache)
     version = "|".join(t.content_key for t in refs.targets)

@@ -264,3 +264,25 @@ def test_bad_parquet_rows_are_refused_naming_the_key(tmp_path: Path, geotiff, ca
     assert run.returncode == 1, (case, run.stdout, run.stderr)
     assert "Traceback" not in run.stdout + run.stderr
     assert match in run.stderr.replace("\n", "")
+
+
+@pytest.mark.parametrize(("attr", "value"), [("GeoTransform", "1 2 three 4 5 6"), ("crs_wkt", "PROJCS[nonsense")])
+def test_combine_reports_an_unreadable_grid_description(tmp_path: Path, geotiff, attr: str, value: str) -> None:
+    good, _ = _good(tmp_path, geotiff)
+    doc = json.loads(good.read_text())
+    sr = json.loads(doc["refs"]["spatial_ref/.zattrs"])
+    sr[attr] = value
+    doc["refs"]["spatial_ref/.zattrs"] = json.dumps(sr)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    from cubelake.refs import combine_refs
+
+    with pytest.raises(RefsError, match="grid description") as info:
+        combine_refs([good, bad], dim="scene")
+    assert str(bad) in str(info.value)
+    run = subprocess.run([sys.executable, "-m", "cubelake.cli", "refs", "combine", str(good), str(bad), "--dim", "scene",
+                          "-o", str(tmp_path / "cube.json")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "grid description" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "cube.json").exists()
