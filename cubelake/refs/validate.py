@@ -47,7 +47,7 @@ MAX_KEY_CHARS = 1024
 MAX_URL_CHARS = 4096
 META_NAMES = (".zarray", ".zattrs", ".zgroup")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_INDEX = re.compile(r"[0-9]{1,15}")
+_BAD_SEGMENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")  # an empty, "." or ".." segment
 _DTYPE_KINDS = "biufcSUmM"
 
 
@@ -62,7 +62,7 @@ def _is_int(v: Any) -> bool:
 def check_key(key: Any, path: str | Path) -> str:
     """``key`` if it is a well-formed Zarr key: ``/``-separated names, no empty, ``.`` or ``..`` segment."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS or _CONTROL.search(key) \
-            or any(s in ("", ".", "..") for s in key.split("/")):
+            or _BAD_SEGMENT.search(key):
         raise RefsError(f"{path}: key {key!r} is not a well-formed Zarr key (names separated by '/', no empty, "
                         f"'.' or '..' segment, no control character, at most {MAX_KEY_CHARS} characters)")
     return key
@@ -122,11 +122,10 @@ class ArraySpec:
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     sep: str
+    grid: tuple[int, ...] = ()  # chunks along each dimension (filled in from shape and chunks)
 
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Chunks along each dimension."""
-        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", tuple(-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)))
 
     @property
     def n_chunks(self) -> int:
@@ -267,7 +266,7 @@ def check_chunk_key(key: str, arrays: dict[str, ArraySpec], path: str | Path) ->
         raise _err(path, key, "names no chunk of an array declared in the set (no .zarray for it)")
     parts = rest.split(spec.sep)
     ndim = len(spec.shape)
-    if len(parts) != max(ndim, 1) or not all(_INDEX.fullmatch(x) for x in parts):
+    if len(parts) != max(ndim, 1) or not rest.isascii() or not all(x.isdigit() for x in parts):
         raise _err(path, key, f"is not a chunk key of {spec.path or 'the root array'} ({max(ndim, 1)} "
                               f"integer(s) separated by {spec.sep!r})")
     index = tuple(int(x) for x in parts)

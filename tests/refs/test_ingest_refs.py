@@ -148,3 +148,24 @@ def test_real_scenes_ingested_with_refs_read_exactly_like_their_cogs(real: Path,
                     win = rasterio.windows.Window(x, y, min(cw, cog.width - x), min(ch, cog.height - y))
                     np.testing.assert_array_equal(arr[:, y:y + win.height, x:x + win.width], cog.read(window=win),
                                                   err_msg=f"{r.path} chunk at row {y}, col {x}")
+
+
+def test_the_loader_trusts_in_place_targets_through_the_lake_its_caller_names(lake: Lake, geotiff) -> None:
+    from cubelake.loaders.sources import open_source
+
+    data = hsi_cube(3, 128, 128)
+    src = geotiff("inplace.tif", data, tiled=True, blockxsize=64, blockysize=64, compress="zstd")
+    (res,) = ingest([src], lake, IngestOptions(products=("refs",)))
+    assert "in place" in res.message
+    folder = lake.scene_dir(res.scene_id)
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
+        open_source(folder, prefer=("refs",))  # the lake.json above the scene is not trusted by itself
+    with pytest.raises(UntrustedTargetError):
+        open_source(folder / f"{res.scene_id}.refs.json")
+    s = open_source(folder, prefer=("refs",), lake=lake.root)
+    assert s.kind == "refs"
+    url, off, n = s.locate(0, 1, 1)
+    assert url == str(src.resolve())
+    tile = s.decoder(src.read_bytes()[off:off + n], None)
+    np.testing.assert_array_equal(tile, data[:, 64:128, 64:128])
+    assert open_source(folder / f"{res.scene_id}.refs.json", lake=lake.root).version == s.version

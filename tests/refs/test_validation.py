@@ -1,12 +1,15 @@
 """Every entry of a reference set is checked on loading: bad ones are a RefsError naming the file and the key.
 
 Each kind of bad entry is tried through Python (``open_array``) and through ``cubelake refs check``
-in a fresh process (exit code 1, the file and the key named, no traceback).
+in another process (exit code 1, the file and the key named, no traceback). One process runs the
+CLI's ``main`` over every bad set in turn, as ``python -m cubelake.cli refs check SET`` would (a
+start per set would cost ~2 s each).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,16 +24,45 @@ import pytest
 from cubelake.errors import RefsError
 from cubelake.refs import build_refs, open_array, write_refs
 from cubelake.refs import formats as refs_formats
-from tests.conftest import hsi_cube
+from tests.conftest import hsi_cube, write_geotiff
 
 Doc = dict[str, Any]
 CHUNK = "data/0.0.0"
 
 
-def _good(tmp_path: Path, geotiff) -> tuple[Path, np.ndarray]:
+def _good(tmp_path: Path, geotiff=None) -> tuple[Path, np.ndarray]:
     data = hsi_cube(2, 128, 128)
-    src = geotiff("t.tif", data, tiled=True, blockxsize=64, blockysize=64, compress="deflate")
+    profile = dict(tiled=True, blockxsize=64, blockysize=64, compress="deflate")
+    src = geotiff("t.tif", data, **profile) if geotiff else write_geotiff(tmp_path / "t.tif", data, **profile)
     return write_refs(build_refs(str(src)), tmp_path / "good.json", "json"), data
+
+
+_DRIVER = """
+import contextlib, io, json, sys, traceback
+from cubelake.cli import main
+results = {}
+for path in sys.argv[1:]:
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        sys.argv = ["cubelake", "refs", "check", path]
+        try:
+            main()
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            rc = -1
+    results[path] = [rc, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def _cli_check_all(paths: list[Path]) -> dict[str, tuple[int, str, str]]:
+    """``cubelake refs check`` of each set, run by the CLI's main in one other process."""
+    run = subprocess.run([sys.executable, "-c", _DRIVER, *map(str, paths)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    return {k: (v[0], v[1], v[2]) for k, v in json.loads(run.stdout).items()}
 
 
 def _set_ref(i: int, value: Any) -> Callable[[Doc], None]:
@@ -121,11 +153,10 @@ BAD: list[tuple[str, Callable[[Doc], None], str, str]] = [
 ]
 
 
-def _write_bad(tmp_path: Path, geotiff, mutate: Callable[[Doc], None]) -> Path:
-    good, _ = _good(tmp_path, geotiff)
+def _write_bad(folder: Path, good: Path, mutate: Callable[[Doc], None]) -> Path:
     doc = json.loads(good.read_text())
     mutate(doc)
-    bad = tmp_path / "bad.json"
+    bad = folder / "bad.json"
     bad.write_text(json.dumps(doc))
     return bad
 
@@ -135,23 +166,61 @@ def _cli_check(refs: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def bad_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One bad JSON set per case of BAD (beside one good set and its target) and one bad Parquet set per case."""
+    root = tmp_path_factory.mktemp("bad_refs")
+    good, _ = _good(root)
+    out: dict[str, Path] = {}
+    for i, (case, mutate, _, _) in enumerate(BAD):
+        folder = root / f"json{i}"
+        folder.mkdir()
+        shutil.copy(root / "t.tif", folder / "t.tif")
+        out[f"json:{case}"] = _write_bad(folder, good, mutate)
+    for i, (case, mutate_pq, _) in enumerate(PARQUET_BAD):
+        folder = root / f"parquet{i}"
+        folder.mkdir()
+        shutil.copy(root / "t.tif", folder / "t.tif")
+        refs = write_refs(build_refs(str(folder / "t.tif")), folder / "t.refs", "parquet")
+        assert open_array(refs).shape == (2, 128, 128)
+        mutate_pq(refs / "data" / "refs.0.parq")
+        out[f"parquet:{case}"] = refs
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli_results(bad_sets: dict[str, Path]) -> dict[str, tuple[int, str, str]]:
+    return _cli_check_all(list(bad_sets.values()))
+
+
+def _assert_cli_refused(result: tuple[int, str, str], refs: Path, match: str) -> None:
+    rc, out, err = result
+    assert rc == 1, (refs, out, err)
+    assert "Traceback" not in out + err
+    assert "ok:" not in out
+    assert str(refs) in err
+    assert match in err.replace("\n", "")
+
+
 @pytest.mark.parametrize(("case", "mutate", "key", "match"), BAD, ids=[b[0] for b in BAD])
-def test_bad_entry_is_refused_naming_the_file_and_key(tmp_path: Path, geotiff, case: str,
+def test_bad_entry_is_refused_naming_the_file_and_key(bad_sets, cli_results, case: str,
                                                       mutate: Callable[[Doc], None], key: str, match: str) -> None:
-    bad = _write_bad(tmp_path, geotiff, mutate)
+    bad = bad_sets[f"json:{case}"]
     with pytest.raises(RefsError) as info:
         open_array(bad)
     msg = str(info.value)
     assert str(bad) in msg
     assert repr(key) in msg or key in msg
     assert match in msg
-    run = _cli_check(bad)
-    assert run.returncode == 1, (case, run.stdout, run.stderr)
-    out = run.stdout + run.stderr
-    assert "Traceback" not in out
-    assert "ok:" not in run.stdout
-    assert str(bad) in run.stderr
-    assert match in run.stderr.replace("\n", "")
+    _assert_cli_refused(cli_results[str(bad)], bad, match)
+
+
+def test_one_bad_entry_through_python_m_cubelake_cli(bad_sets) -> None:
+    """The same check as a user runs it, in a process of its own, for one case of each format."""
+    for name, match in (("json:NUL in target", "contains a control character"),
+                        ("parquet:length 2**40", "byte length 1099511627776 is more than")):
+        run = _cli_check(bad_sets[name])
+        _assert_cli_refused((run.returncode, run.stdout, run.stderr), bad_sets[name], match)
 
 
 def test_the_untouched_set_opens(tmp_path: Path, geotiff) -> None:
@@ -215,13 +284,6 @@ def test_unrecorded_target_shorter_than_its_references_is_refused(tmp_path: Path
 # -- Parquet ------------------------------------------------------------------------------------------
 
 
-def _parquet(tmp_path: Path, geotiff) -> tuple[Path, Path]:
-    data = hsi_cube(2, 128, 128)
-    src = geotiff("t.tif", data, tiled=True, blockxsize=64, blockysize=64, compress="deflate")
-    folder = write_refs(build_refs(str(src)), tmp_path / "t.refs", "parquet")
-    return folder, folder / "data" / "refs.0.parq"
-
-
 def _rewrite(f: Path, column: str, values: pa.Array | list[Any]) -> None:
     t = pq.read_table(f)
     t = t.set_column(t.schema.get_field_index(column), column, pa.array(values) if isinstance(values, list) else values)
@@ -248,22 +310,17 @@ PARQUET_BAD: list[tuple[str, Callable[[Path], None], str]] = [
 
 
 @pytest.mark.parametrize(("case", "mutate", "match"), PARQUET_BAD, ids=[b[0] for b in PARQUET_BAD])
-def test_bad_parquet_rows_are_refused_naming_the_key(tmp_path: Path, geotiff, case: str,
+def test_bad_parquet_rows_are_refused_naming_the_key(bad_sets, cli_results, case: str,
                                                      mutate: Callable[[Path], None], match: str) -> None:
-    folder, records = _parquet(tmp_path, geotiff)
-    assert open_array(folder).shape == (2, 128, 128)
-    mutate(records)
-    with pytest.raises(RefsError, match="refs") as info:
+    folder = bad_sets[f"parquet:{case}"]
+    with pytest.raises(RefsError) as info:
         open_array(folder)
     msg = str(info.value)
     assert str(folder) in msg
     assert match in msg
     if "row beyond" not in case and "float" not in case:
         assert "key 'data/0." in msg
-    run = _cli_check(folder)
-    assert run.returncode == 1, (case, run.stdout, run.stderr)
-    assert "Traceback" not in run.stdout + run.stderr
-    assert match in run.stderr.replace("\n", "")
+    _assert_cli_refused(cli_results[str(folder)], folder, match)
 
 
 @pytest.mark.parametrize(("attr", "value"), [("GeoTransform", "1 2 three 4 5 6"), ("crs_wkt", "PROJCS[nonsense")])
