@@ -135,7 +135,10 @@ def allow_cmd(
     root: str = typer.Argument(..., help="Folder or s3://bucket/prefix that the lake's references may point into."),
     lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE"),
 ) -> None:
-    """Trust a root for reference targets in this lake (recorded in lake.json)."""
+    """Trust a root for reference targets in this lake (recorded in lake.json).
+
+    Readers use it when they name the lake: `cubelake refs check SET --lake LAKE`, lake=LAKE in Python.
+    """
     from cubelake.lake import Lake
 
     try:
