@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 	@$(BIN)/cubelake catalog stats --lake $(LAKE)
 	@$(BIN)/cubelake catalog search --lake $(LAKE) --bbox 12.9,52.3,13.2,52.5 --datetime 2022-06/2022-08 --wavelength 450:1300
 	@echo "== a scene's kerchunk references, checked (targets allowed, unchanged) and opened through zarr"
-	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1)
+	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1) --lake $(LAKE)
 
 test: lint
 	$(BIN)/python -m pytest -q

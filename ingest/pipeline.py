@@ -40,10 +40,10 @@ from cubelake.errors import (
 )
 from cubelake.grid import ChunkGrid
 from cubelake.lake import Lake, atomic_write_text, is_disk_full
+from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
-from cubelake.refs.model import Target
 
 from .acqtime import acquisition_time
 from .calibrate import CFEncoder
@@ -505,13 +505,17 @@ def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
 
 def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
                       meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[dict[str, Any], str]:
-    """Reference the source in place, or the staged COG at its published path; write the set into ``staged``."""
+    """Reference the source in place, or the staged COG beside the set; write the set into ``staged``.
+
+    The scene's own COG is named relative to the set (``<id>.tif``), so the lake can be moved or
+    copied; a source referenced in place keeps its absolute path (and its folder becomes an
+    allowed root of the lake).
+    """
     if refs_plan.in_place:
         assert refs_plan.layout is not None
         assert refs_plan.encoding is not None
         src = Path(meta.files[0]).resolve()
-        st = src.stat()
-        target = Target(str(src), st.st_size, mtime_ns=st.st_mtime_ns)
+        target = stat_target(str(src))
         layout = refs_plan.layout
         spec = dataclasses.replace(cube_spec, encoding=refs_plan.encoding)
         own_cog = False
@@ -519,8 +523,8 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
             log.info("%s: lake %s now allows references into %s", src, lake.root, src.parent)
         note = f"; refs point at the source's tiles in place ({src})"
     else:
-        st = cog_path.stat()  # publishing renames the folder: size and mtime stay
-        target = Target(str(lake.scene_dir(scene_id).resolve() / cog_path.name), st.st_size, mtime_ns=st.st_mtime_ns)
+        # publishing renames the folder: the name, size, mtime and content all stay
+        target = dataclasses.replace(stat_target(str(cog_path)), url=cog_path.name)
         layout = read_layout(str(cog_path))
         spec = cube_spec
         own_cog = True

@@ -316,18 +316,22 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
 
 
 def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None,
-               allowed_roots: Sequence[str], kind: str = "refs", labels_path: Path | None = None) -> ChunkSource:
+               allowed_roots: Sequence[str], kind: str = "refs", labels_path: Path | None = None,
+               lake: str | Path | None = None) -> ChunkSource:
     import zarr
 
     from cubelake.refs.api import open_store
 
-    try:
-        store = open_store(url, allowed_roots=allowed_roots, storage_options=options)
+    try:  # trusted: the set's own folder, the caller's lake and roots (never a lake.json found beside it)
+        store = open_store(url, lake=lake, allowed_roots=allowed_roots, storage_options=options)
     except CubelakeError:  # already names the file and the fix (stale or disallowed target ...)
         raise
     except (OSError, ValueError) as e:
         raise ProductError(f"{url}: cannot open the references: {e}") from e
     refs = store.refs
+    if "data/.zarray" not in refs.meta or len(json.loads(refs.meta["data/.zarray"])["shape"]) != 3:
+        raise ProductError(f"{url}: the references hold no 'data' array (band, y, x); give a scene's "
+                           "<id>.refs.json (a stacked cube is not a loader product)")
     zarray = json.loads(refs.meta["data/.zarray"])
     zattrs = json.loads(refs.meta.get("data/.zattrs", b"{}"))
     group: Any = zarr.open_group(store, mode="r", zarr_format=2)
@@ -335,13 +339,17 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
     cb, ch, cw = zarray["chunks"]
     sep = zarray.get("dimension_separator", ".")
     dtype = np.dtype(zarray["dtype"]).newbyteorder("=")
-    scale, offset = _cf(zattrs)
-    fill = zattrs.get("_FillValue", zarray.get("fill_value"))
-    fill_v = _fill(fill)
-    wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
-    fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    try:  # attributes and inline coordinates come from an untrusted set: bad values name the product
+        scale, offset = _cf(zattrs)
+        fill_v = _fill(zattrs.get("_FillValue", zarray.get("fill_value")))
+        wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
+        fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ProductError(f"{url}: unreadable attributes or coordinates in the references ({e}); "
+                           "re-create them with cubelake") from None
     stats = _stats_from_bands(record.get("bands") or []) if record else None
-    version = "|".join(f"{t.url}:{t.size}:{t.mtime_ns}:{t.etag}" for t in refs.targets)
+    # what the targets hold, not where they are or when they were copied (a moved lake keeps its cache)
+    version = "|".join(t.content_key for t in refs.targets)
     grid = ChunkGrid(h, w, ch, cw)
 
     def locate(b: int, cy: int, cx: int) -> tuple[str, int, int] | None:
@@ -375,7 +383,8 @@ def _open_cog(url: str, scene_id: str, options: S3Options | None, record: dict[s
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | None) -> ChunkSource:
+def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | None,
+                      lake: str | Path | None = None) -> ChunkSource:
     record = _scene_record(folder)
     if record is None:
         raise ProductError(f"{folder}: no scene.json; give a lake scene folder, a .zarr store, refs or a COG")
@@ -390,7 +399,7 @@ def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | 
         if kind == "zarr":
             return _open_zarr(p, sid, options, record)
         if kind == "refs":
-            return _open_refs(p, sid, options, record, [], labels_path=labels)
+            return _open_refs(p, sid, options, record, [], labels_path=labels, lake=lake)
         return _open_cog(p, sid, options, record, labels)
     raise ProductError(f"{folder}: scene {sid} has none of the products {list(prefer)} (it has {sorted(products)}); "
                        "re-ingest with --products " + ",".join(prefer))
@@ -403,7 +412,8 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
 
     ``prefer``: product kinds to try, in order, for scenes that have several. ``labels``: a
     label raster on the scene's grid (overrides the scene's own). ``lake``: the lake a catalog
-    hit came from (hits name their item relative to it).
+    hit came from (hits name their item relative to it); reference sets of its scenes may also
+    point into its allowed roots (a lake found on disk next to the product is not trusted).
     """
     args = {"product": product, "prefer": tuple(prefer), "storage_options": storage_options,
             "allowed_roots": tuple(allowed_roots), "labels": labels, "lake": lake}
@@ -413,13 +423,13 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
             raise ProductError(f"catalog hit {getattr(product, 'id', href)}: its item path {href} is relative to its lake; "
                                "pass lake=<the lake folder> too")
         product = Path(lake) / href
-    src = _open_source(product, prefer, storage_options, allowed_roots, labels)
+    src = _open_source(product, prefer, storage_options, allowed_roots, labels, lake)
     src.open_args = args
     return src
 
 
 def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S3Options | None,
-                 allowed_roots: Sequence[str], labels: str | Path | None) -> ChunkSource:
+                 allowed_roots: Sequence[str], labels: str | Path | None, lake: str | Path | None) -> ChunkSource:
     href = str(product) if isinstance(product, Path) and product.name == "item.json" else None
     if isinstance(product, dict) and product.get("type") == "Feature":
         links = [ln["href"] for ln in product.get("links", []) if ln.get("rel") == "self"]
@@ -437,7 +447,7 @@ def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S
         if not p.exists():
             raise ProductError(f"{s}: no such product; give a lake scene folder, a .zarr store, refs or a COG")
         if p.is_dir() and (p / "scene.json").exists():
-            src = _scene_dir_source(p, prefer, storage_options)
+            src = _scene_dir_source(p, prefer, storage_options, lake)
             return _with_labels(src, labels)
         stem = name.split(".")[0]
         s = str(p.resolve())
@@ -445,7 +455,7 @@ def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S
     if low.endswith(".zarr") or low.endswith(".zarr/"):
         src = _open_zarr(s, stem, storage_options, None)
     elif low.endswith((".json", ".parq", ".parquet")):
-        src = _open_refs(s, stem, storage_options, None, allowed_roots)
+        src = _open_refs(s, stem, storage_options, None, allowed_roots, lake=lake)
     elif low.endswith((".tif", ".tiff")):
         src = _open_cog(s, stem, storage_options, None, None)
     else:

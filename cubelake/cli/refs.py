@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -13,6 +14,20 @@ from .ingest import OutputFormat
 
 refs_app = typer.Typer(help="Kerchunk references: virtual Zarr over (cloud-optimized) GeoTIFF tiles.",
                        no_args_is_help=True)
+
+
+def _outside_hint(targets: list[str], out: Path) -> str | None:
+    """How to open a set whose targets lie outside its own folder (which alone is trusted by default)."""
+    from cubelake.refs.security import root_to_allow, split_url
+
+    outside = [u for u in targets if split_url(u)[0] != "file" or Path(split_url(u)[1]).is_absolute()]
+    if not outside:
+        return None
+    roots = sorted({root_to_allow(u) for u in outside})
+    flags = " ".join(f"--allow-root {shlex.quote(r)}" for r in roots)
+    return (f"the targets lie outside {out.parent}/, which is all a reference set is trusted with by default: "
+            f"check it with `cubelake refs check {shlex.quote(str(out))} {flags}` "
+            f"(allowed_roots={roots!r} in Python)")
 
 
 def _format(fmt: str) -> str:
@@ -33,6 +48,7 @@ def build_cmd(
     """Reference every tile of a tiled GeoTIFF where it is (S3 credentials/endpoint from AWS_* variables)."""
     configure_output(verbose, quiet)
     from cubelake.refs import build_refs, write_refs
+    from cubelake.refs.formats import relative_targets
 
     try:
         refs = build_refs(source, chunk=chunk)
@@ -40,6 +56,9 @@ def build_cmd(
     except CubelakeError as exc:
         raise fail(exc) from None
     out_console().print(f"{refs.n_chunks} chunks of {escape(source)} -> {escape(str(path))}")
+    hint = _outside_hint([t.url for t in relative_targets(refs, path.parent).targets], path)
+    if hint:
+        out_console().print(f"note: {escape(hint)}")
 
 
 @refs_app.command("combine")
@@ -55,6 +74,7 @@ def combine_cmd(
     configure_output(verbose, quiet)
     from cubelake.refs import write_refs
     from cubelake.refs.combine import combine_refs
+    from cubelake.refs.formats import relative_targets
 
     if dim not in ("time", "scene"):
         raise typer.BadParameter(f"{dim!r}: use time or scene", param_hint="--dim")
@@ -64,25 +84,40 @@ def combine_cmd(
     except CubelakeError as exc:
         raise fail(exc) from None
     out_console().print(f"{len(refs)} scenes, {stacked.n_chunks} chunks -> {escape(str(path))}")
+    hint = _outside_hint([t.url for t in relative_targets(stacked, path.parent).targets], path)
+    if hint:
+        out_console().print(f"note: {escape(hint)}")
 
 
 @refs_app.command("check")
 def check_cmd(
     refs: Path = typer.Argument(..., help="A reference set (JSON file or Parquet folder)."),
     allow_root: list[str] = typer.Option([], "--allow-root", help="Also trust targets under this folder or s3:// prefix."),
+    lake: Path | None = typer.Option(None, "--lake", "-l",
+                                     help="The lake the set belongs to: also trust its folder and allowed roots."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
 ) -> None:
-    """Check that every target is allowed, present and unchanged, and that the set opens in zarr."""
+    """Check every entry, that every target is allowed, present and unchanged, and that the set opens in zarr.
+
+    Only the set's own folder, the lake given with --lake and the roots given with --allow-root
+    are trusted: nothing that comes with the set (such as a lake.json beside it) widens that.
+    """
     configure_output(verbose, quiet)
+    from cubelake.lake import Lake
     from cubelake.refs import open_array
 
     try:
-        arr = open_array(refs, allowed_roots=allow_root)
+        opened_lake = Lake(lake, create=False) if lake is not None else None
+    except CubelakeError as exc:  # an unusable --lake is a usage error (exit code 2)
+        raise fail(exc, 2) from None
+    try:
+        arr = open_array(refs, lake=opened_lake, allowed_roots=allow_root)
         store = arr.store
         info = {"refs": str(refs), "format": store.refs.format, "shape": list(arr.shape), "chunks": list(arr.chunks),
-                "dtype": str(arr.dtype), "targets": [t.to_dict() for t in store.refs.targets], "ok": True}
+                "dtype": str(arr.dtype), "targets": [t.to_dict() for t in store.refs.targets],
+                "allowed_roots": store.roots.roots, "ok": True}
     except CubelakeError as exc:
         if fmt is OutputFormat.json:
             print_json({"refs": str(refs), "ok": False, "error": str(exc)})
@@ -100,7 +135,10 @@ def allow_cmd(
     root: str = typer.Argument(..., help="Folder or s3://bucket/prefix that the lake's references may point into."),
     lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE"),
 ) -> None:
-    """Trust a root for reference targets in this lake (recorded in lake.json)."""
+    """Trust a root for reference targets in this lake (recorded in lake.json).
+
+    Readers use it when they name the lake: `cubelake refs check SET --lake LAKE`, lake=LAKE in Python.
+    """
     from cubelake.lake import Lake
 
     try:

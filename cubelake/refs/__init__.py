@@ -11,14 +11,15 @@ from numcodecs.registry import register_codec
 
 from .api import (
     build_refs,
-    lake_roots,
     open_array,
     open_dataset,
     open_store,
     stat_target,
     tiff_layout,
+    trusted_roots,
 )
 from .codec import TiffTileCodec
+from .combine import combine_refs
 from .formats import PARQUET_THRESHOLD, load_refs, write_refs
 from .model import RefSet, Target
 from .security import AllowedRoots
@@ -43,12 +44,13 @@ __all__ = [
     "Target",
     "TiffTileCodec",
     "build_refs",
-    "lake_roots",
+    "combine_refs",
     "load_refs",
     "open_array",
     "open_dataset",
     "open_store",
     "stat_target",
     "tiff_layout",
+    "trusted_roots",
     "write_refs",
 ]

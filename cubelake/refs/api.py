@@ -2,8 +2,8 @@
 
 ``build_refs`` references any tiled GeoTIFF, local or on S3, where it is; ``open_dataset`` opens
 a reference set (JSON or Parquet, one scene or a stacked cube) as the same xarray dataset as the
-native Zarr product, after checking every target against the allowed roots and its recorded
-size and mtime/ETag.
+native Zarr product, after checking every entry, every target against the roots the caller
+trusts, and each target's recorded size and content fingerprint/ETag.
 """
 
 from __future__ import annotations
@@ -13,66 +13,98 @@ import io
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
-from cubelake.errors import NotReferenceableError, RefsError
+from cubelake.errors import CubelakeError, NotReferenceableError, RefsError
 
 from .build import reference_tiff
-from .formats import load_refs
+from .fingerprint import file_fingerprint
+from .formats import LoadedRefs, load_refs
 from .layout import TiffLayout, read_layout
 from .model import RefSet, Target
 from .security import AllowedRoots, split_url
 from .store import RefsStore, S3Options, s3_config, s3_store
 
-__all__ = ["build_refs", "lake_roots", "open_array", "open_dataset", "open_store", "stat_target", "tiff_layout"]
-
-
-def lake_roots(path: str | Path) -> list[str] | None:
-    """The reference roots of the lake holding ``path`` (see :meth:`Lake.reference_roots`), or ``None``."""
+if TYPE_CHECKING:
     from cubelake.lake import Lake
 
-    p = Path(path).resolve()
-    for parent in [p, *p.parents]:
-        if (parent / "lake.json").is_file():
-            return Lake(parent, create=False).reference_roots()
-    return None
+__all__ = ["build_refs", "open_array", "open_dataset", "open_store", "stat_target", "tiff_layout", "trusted_roots"]
 
 
-def open_store(path: str | Path, *, allowed_roots: Sequence[str] = (), storage_options: S3Options | None = None,
-               verify: bool = True) -> RefsStore:
-    """A read-only zarr store over the references at ``path``.
+LakeLike = Union["Lake", str, Path]
 
-    Targets must lie under the lake holding ``path`` (plus the lake's own allowed roots), or
-    under ``path``'s folder outside a lake, or under one of ``allowed_roots``.
+
+def trusted_roots(refs: LoadedRefs, lake: LakeLike | None = None, allowed_roots: Sequence[str] = ()) -> AllowedRoots:
+    """The roots the caller trusts for ``refs``: its own folder, ``lake``'s roots, and ``allowed_roots``.
+
+    Nothing found next to the reference set counts: a ``lake.json`` that arrives with it is as
+    untrusted as the set itself, so a lake's roots count only when the caller names the lake.
+    """
+    from cubelake.lake import Lake
+
+    roots = [refs.base]
+    if lake is not None:
+        roots += (lake if isinstance(lake, Lake) else Lake(lake, create=False)).reference_roots()
+    return AllowedRoots([*roots, *allowed_roots])
+
+
+def open_store(path: str | Path, *, lake: LakeLike | None = None, allowed_roots: Sequence[str] = (),
+               storage_options: S3Options | None = None, verify: bool = True) -> RefsStore:
+    """A read-only zarr store over the references at ``path``, every entry checked.
+
+    Targets (relative ones resolved against ``path``'s folder) must lie under ``path``'s folder,
+    under the lake ``lake`` (a :class:`~cubelake.lake.Lake` or its folder) or one of its allowed
+    roots, or under one of ``allowed_roots``. ``verify``: compare each target with what was recorded now.
     """
     refs = load_refs(path)
-    base = lake_roots(path) or [str(Path(path).resolve().parent)]
-    return RefsStore(refs, roots=AllowedRoots([*base, *allowed_roots]), storage_options=storage_options, verify=verify)
+    return RefsStore(refs, roots=trusted_roots(refs, lake, allowed_roots), storage_options=storage_options,
+                     verify=verify)
+
+
+def _zarr_error(path: str | Path, exc: Exception) -> RefsError:
+    return RefsError(f"{path}: zarr cannot open these references ({type(exc).__name__}: {exc}); "
+                     "re-create them with cubelake")
 
 
 def open_array(path: str | Path, name: str = "data", **kw: Any) -> Any:
-    """The ``name`` array (default ``data``) of a reference set, as a read-only ``zarr.Array``."""
+    """The ``name`` array (default ``data``) of a reference set, as a read-only ``zarr.Array``.
+
+    ``kw``: ``lake``, ``allowed_roots``, ``storage_options``, ``verify`` as for :func:`open_store`.
+    """
     import zarr
 
     import cubelake.refs  # noqa: F401  (registers the codecs)
 
-    return zarr.open_array(open_store(path, **kw), path=name, mode="r", zarr_format=2)
+    store = open_store(path, **kw)
+    try:
+        return zarr.open_array(store, path=name, mode="r", zarr_format=2)
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as exc:  # e.g. no such array
+        raise _zarr_error(path, exc) from None
 
 
-def open_dataset(path: str | Path, *, chunks: Any = None, allowed_roots: Sequence[str] = (),
-                 storage_options: S3Options | None = None, **xr_kwargs: Any) -> Any:
-    """The reference set at ``path`` as an xarray Dataset (``data (band, y, x)`` or ``(time, band, y, x)``)."""
+def open_dataset(path: str | Path, *, chunks: Any = None, lake: LakeLike | None = None,
+                 allowed_roots: Sequence[str] = (), storage_options: S3Options | None = None,
+                 **xr_kwargs: Any) -> Any:
+    """The reference set at ``path`` as an xarray Dataset (``data (band, y, x)`` or ``(time, band, y, x)``).
+
+    ``lake``: the lake the set belongs to, when its targets lie in the lake's allowed roots (see :func:`open_store`).
+    """
     import xarray as xr
 
-    store = open_store(path, allowed_roots=allowed_roots, storage_options=storage_options)
-    return xr.open_dataset(store, engine="zarr"  # type: ignore[arg-type]
-                           , consolidated=True, zarr_format=2, chunks=chunks, **xr_kwargs)
+    store = open_store(path, lake=lake, allowed_roots=allowed_roots, storage_options=storage_options)
+    try:
+        return xr.open_dataset(store, engine="zarr"  # type: ignore[arg-type]
+                               , consolidated=True, zarr_format=2, chunks=chunks, **xr_kwargs)
+    except (ValueError, TypeError, KeyError) as exc:  # metadata xarray cannot decode (dimensions, attributes)
+        raise _zarr_error(path, exc) from None
 
 
 @contextlib.contextmanager
 def _open_binary(url: str, storage_options: S3Options | None) -> Iterator[Any]:
     scheme, where = split_url(url)
     if scheme == "file":
+        if os.path.exists(where) and not os.path.isfile(where):  # a FIFO would block the open forever
+            raise RefsError(f"{url}: not a regular file (a folder, FIFO or device); give a GeoTIFF file")
         with open(where, "rb") as f:
             yield f
         return
@@ -116,11 +148,12 @@ class _BytesReader(io.RawIOBase):
 
 
 def stat_target(url: str, storage_options: S3Options | None = None) -> Target:
-    """The target as it is now: size and mtime (local) or ETag (S3)."""
+    """The target as it is now: size, mtime and content fingerprint (local) or ETag (S3)."""
     scheme, where = split_url(url)
     if scheme == "file":
         st = os.stat(where)
-        return Target(str(Path(where).resolve()), st.st_size, mtime_ns=st.st_mtime_ns)
+        return Target(str(Path(where).resolve()), st.st_size, mtime_ns=st.st_mtime_ns,
+                      fingerprint=file_fingerprint(where))
     import obstore
 
     bucket, _, key = where.partition("/")
@@ -135,6 +168,8 @@ def tiff_layout(url: str, storage_options: S3Options | None = None) -> TiffLayou
             return read_layout(fh)
     except FileNotFoundError as exc:
         raise RefsError(f"{url}: no such file") from exc
+    except CubelakeError:
+        raise
     except Exception as exc:  # a damaged header can make tifffile raise almost anything
         raise NotReferenceableError(f"{url}: not a readable TIFF ({type(exc).__name__}: {exc})") from exc
 

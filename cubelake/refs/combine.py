@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from cubelake.errors import GridMismatchError, RefsError
+from cubelake.errors import CubelakeError, GridMismatchError, RefsError
 
 from .formats import LoadedRefs, load_refs
 from .model import RefSet, Target
 
 __all__ = ["combine_refs"]
+
+T = TypeVar("T")
 
 
 def _json(refs: LoadedRefs, key: str) -> dict[str, Any]:
@@ -139,6 +141,17 @@ def _inline_array(values: np.ndarray, dim: str, attrs: dict[str, Any]) -> tuple[
             np.ascontiguousarray(values).tobytes())
 
 
+def _guarded(path: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, with any failure to decode a set's grid description reported as a RefsError naming it."""
+    try:
+        return fn(*args)
+    except CubelakeError:
+        raise
+    except Exception as exc:  # hostile inline bytes/WKT: numcodecs, imagecodecs and PROJ raise many types
+        raise RefsError(f"{path}: the grid description (coordinates, CRS, geotransform) cannot be read "
+                        f"({type(exc).__name__}: {exc}); re-create the references with cubelake") from None
+
+
 def combine_refs(paths: Sequence[str | Path], *, dim: Literal["time", "scene"] = "time") -> RefSet:
     """One reference set of ``data (dim, band, y, x)`` from scene reference sets on the same grid.
 
@@ -149,12 +162,12 @@ def combine_refs(paths: Sequence[str | Path], *, dim: Literal["time", "scene"] =
     if not paths:
         raise RefsError("combine needs at least one reference set")
     sets = [load_refs(p) for p in paths]
-    grids = [_grid(r) for r in sets]
+    grids = [_guarded(r.path, _grid, r) for r in sets]
     if grids[0]["dims"] != ["band", "y", "x"]:
         raise GridMismatchError(f"{sets[0].path}: data has dimensions {grids[0]['dims']}; only single scenes "
                                 "(band, y, x) can be stacked")
     problems = [f"{r.path}: " + "; ".join(d) for r, g in zip(sets[1:], grids[1:], strict=True)
-                if (d := _differences(grids[0], g))]
+                if (d := _guarded(r.path, _differences, grids[0], g))]
     if problems:
         raise GridMismatchError(f"scenes are not on the grid of {sets[0].path}, so they cannot be stacked: "
                                 + " | ".join(problems) + ". Re-ingest them onto one grid (same CRS, resolution, "

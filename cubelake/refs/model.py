@@ -2,8 +2,10 @@
 
 This is kerchunk's reference model (a key maps to inline bytes or to ``[url, offset, length]``),
 with one addition kept inside the Zarr metadata itself so that it travels with every format:
-the root attribute ``cubelake:targets`` lists each referenced file's URL, size and mtime/ETag,
-which readers compare before trusting a byte range (see :mod:`cubelake.refs.store`).
+the root attribute ``cubelake:targets`` lists each referenced file's URL, size, mtime and
+content fingerprint (local files) or ETag (S3), which readers compare before trusting a byte
+range (see :mod:`cubelake.refs.store`). A local URL may be relative: it is then relative to the
+folder of the reference file, so a lake keeps working after ``mv`` or ``cp -r``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ class Target:
 
     url: str
     size: int
-    mtime_ns: int | None = None  # local files
+    mtime_ns: int | None = None  # local files: a fast path only (a copy gets a new mtime)
     etag: str | None = None  # object stores
+    fingerprint: str | None = None  # local files: see cubelake.refs.fingerprint (absent in old sets)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"url": self.url, "size": self.size}
@@ -33,11 +36,19 @@ class Target:
             d["mtime_ns"] = self.mtime_ns
         if self.etag is not None:
             d["etag"] = self.etag
+        if self.fingerprint is not None:
+            d["fingerprint"] = self.fingerprint
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Target:
-        return cls(str(d["url"]), int(d["size"]), d.get("mtime_ns"), d.get("etag"))
+        """A target from its recorded form (validated by :func:`cubelake.refs.validate.parse_targets`)."""
+        return cls(str(d["url"]), int(d["size"]), d.get("mtime_ns"), d.get("etag"), d.get("fingerprint"))
+
+    @property
+    def content_key(self) -> str:
+        """What identifies the content, not where or when it was copied: size and fingerprint/ETag (else mtime)."""
+        return f"{self.size}:{self.fingerprint or self.etag or self.mtime_ns}"
 
 
 @dataclass(slots=True)

@@ -1,23 +1,26 @@
 """Allowed roots: a reference set is untrusted input, so every target it names is checked.
 
-A target is allowed when it lies under one of the roots: the lake (or the reference file's own
-folder outside a lake), plus roots the user allows explicitly. Local paths are compared after
-resolving symlinks and ``..``; ``file://`` URLs are local paths too; ``s3://`` targets must be in
-an allowed bucket and prefix; relative paths and other schemes are refused unless a root of the
-same scheme allows them.
+A target is allowed when it lies under one of the roots the *caller* trusts: the reference
+file's own folder, the roots of a lake the caller names, and roots the caller passes. Nothing
+that arrives with the reference set (a ``lake.json`` beside it, say) adds a root. Local paths are
+compared after resolving symlinks and ``..``; ``file://`` URLs are local paths too; a relative
+path is resolved against the reference file's folder first (:func:`resolve_url`), so ``..`` cannot
+climb out; ``s3://`` targets must be in an allowed bucket and prefix; other schemes are refused
+unless a root of the same scheme allows them.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from cubelake.errors import UntrustedTargetError
 
-__all__ = ["AllowedRoots", "split_url"]
+__all__ = ["AllowedRoots", "resolve_url", "root_to_allow", "split_url"]
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -31,6 +34,27 @@ def split_url(url: str) -> tuple[str, str]:
             return "file", "//" + parts.netloc + unquote(parts.path)  # a UNC-style host: never under a local root
         return "file", unquote(parts.path)
     return scheme, parts.netloc + parts.path
+
+
+def resolve_url(url: str, base: str) -> str:
+    """``url`` with a relative local path made absolute against the folder ``base`` (others unchanged).
+
+    The result is only joined and normalised, not checked: :meth:`AllowedRoots.check` resolves
+    symlinks and decides whether it may be read.
+    """
+    scheme, where = split_url(url)
+    if scheme != "file" or "://" in url or os.path.isabs(where):
+        return url
+    return os.path.normpath(os.path.join(base, where))
+
+
+def root_to_allow(url: str) -> str:
+    """The root that would allow one target: its folder (local) or its bucket/prefix folder (S3)."""
+    scheme, where = split_url(url)
+    if scheme == "file":
+        return os.path.dirname(where) or where
+    parent = posixpath.dirname(where)
+    return f"{scheme}://{parent or where}"
 
 
 def _norm_key(path: str) -> str | None:
@@ -76,7 +100,7 @@ class AllowedRoots:
         if scheme == "file":
             if not os.path.isabs(where):
                 raise UntrustedTargetError(
-                    f"{refs_path}: target {url!r} is a relative path; references must name absolute paths or URLs")
+                    f"{refs_path}: target {url!r} is a relative path; resolve it against its reference file's folder (resolve_url) first")
             where = os.path.realpath(where)
         else:
             key = _norm_key(where)
@@ -86,7 +110,9 @@ class AllowedRoots:
         if any(r.covers(scheme, where) for r in self._roots):
             return
         allowed = ", ".join(self.roots) or "(none)"
+        hint = root_to_allow(where if scheme == "file" else url)
         raise UntrustedTargetError(
             f"{refs_path}: target {url!r} is outside the allowed roots ({allowed}); a reference set is untrusted "
-            "input. If you trust it, allow that root explicitly (allowed_roots=[...] in Python, --allow-root on the "
-            "command line, or `cubelake refs allow ROOT --lake LAKE` for a lake)")
+            f"input, and only the caller can widen what it may read. If you trust it, allow that root: "
+            f"--allow-root {shlex.quote(hint)} (cubelake refs check) or allowed_roots=[{hint!r}] (Python); for a set "
+            "kept in a lake whose allowed roots hold the target, name the lake: --lake LAKE (lake=LAKE in Python)")

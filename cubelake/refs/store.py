@@ -2,10 +2,11 @@
 
 fsspec's ``ReferenceFileSystem`` serves the same references but cannot tell when a target has
 changed: it returns whatever bytes now sit at the recorded offsets, which decode to garbage or,
-worse, to plausible wrong values. This store compares each target's size and mtime (local) or
-ETag (S3, sent as ``If-Match`` with every range request) to what the reference set recorded and
-raises :class:`StaleReferenceError` instead. It also checks every target against the allowed
-roots before anything is read.
+worse, to plausible wrong values. This store compares each target's size and content
+fingerprint (local; the recorded mtime, when it still matches, spares reading the fingerprint)
+or ETag (S3, sent as ``If-Match`` with every range request) to what the reference set recorded
+and raises :class:`StaleReferenceError` instead. It also checks every target against the
+allowed roots before anything is read.
 
 Local targets are read with ``os.pread`` on a cached descriptor; S3 targets with obstore.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -31,6 +33,7 @@ from zarr.core.buffer.core import default_buffer_prototype
 
 from cubelake.errors import RefsError, StaleReferenceError
 
+from .fingerprint import file_fingerprint
 from .formats import LoadedRefs
 from .model import Target
 from .security import AllowedRoots, split_url
@@ -51,30 +54,61 @@ def _stale(url: str, what: str) -> StaleReferenceError:
 class _LocalReader:
     def __init__(self) -> None:
         self._fds: dict[str, tuple[int, int]] = {}
+        self._checked: dict[str, tuple[int, int, int, int]] = {}  # path -> (dev, ino, size, mtime) found unchanged
         self._lock = threading.Lock()
 
-    def check(self, path: str, t: Target | None) -> os.stat_result:
+    def check(self, path: str, t: Target | None, end: int = 0) -> os.stat_result:
+        """The file's stat after checking it is a regular file, unchanged against ``t`` and ``end`` bytes long at least."""
         try:
             st = os.stat(path)
         except FileNotFoundError:
             raise StaleReferenceError(f"{path}: referenced file is missing; re-create the references") from None
+        except OSError as exc:
+            raise RefsError(f"{path}: referenced file cannot be read ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise RefsError(f"{path}: referenced target is not a regular file (a folder, FIFO or device); refused")
+        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._checked.get(path) == seen:
+            return st
         if t is not None:
-            if st.st_size != t.size:
-                raise _stale(path, f"size {st.st_size} bytes, recorded {t.size}")
-            if t.mtime_ns is not None and st.st_mtime_ns != t.mtime_ns:
-                raise _stale(path, "modification time differs from the recorded one")
+            self._compare(path, st, t)
+        elif st.st_size < end:
+            raise _stale(path, f"{st.st_size} bytes, but references reach byte {end}")
+        self._checked[path] = seen
         return st
 
+    @staticmethod
+    def _compare(path: str, st: os.stat_result, t: Target) -> None:
+        if st.st_size != t.size:
+            raise _stale(path, f"size {st.st_size} bytes, recorded {t.size}")
+        if t.mtime_ns is not None and st.st_mtime_ns == t.mtime_ns:
+            return  # fast path: untouched since the references were made
+        if t.fingerprint is not None:
+            # a copied or moved lake has new mtimes: the content decides
+            try:
+                now = file_fingerprint(path)
+            except OSError as exc:
+                raise RefsError(f"{path}: referenced file cannot be read ({exc.strerror or exc})") from None
+            if now != t.fingerprint:
+                raise _stale(path, "its content differs from the recorded fingerprint")
+        elif t.mtime_ns is not None:  # an older reference set: the mtime is all it recorded
+            raise _stale(path, "modification time differs from the recorded one, and no content fingerprint "
+                               "was recorded to tell a copy from a change")
+
     def read(self, path: str, offset: int, length: int, t: Target | None) -> bytes:
-        st = self.check(path, t)
-        with self._lock:
-            fd, ino = self._fds.get(path, (-1, -1))
-            if ino != st.st_ino:
-                if fd >= 0:
-                    os.close(fd)
-                fd = os.open(path, os.O_RDONLY)
-                self._fds[path] = (fd, st.st_ino)
-        data = os.pread(fd, length, offset)
+        st = self.check(path, t, offset + length)
+        try:
+            with self._lock:
+                fd, ino = self._fds.get(path, (-1, -1))
+                if ino != st.st_ino:
+                    if fd >= 0:
+                        os.close(fd)
+                    # O_NONBLOCK: should the path have become a FIFO since the stat, opening must not hang
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                    self._fds[path] = (fd, st.st_ino)
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise RefsError(f"{path}: cannot read bytes {offset}..{offset + length} ({exc.strerror or exc})") from None
         if len(data) != length:
             raise _stale(path, f"only {len(data)} of {length} bytes at offset {offset}")
         return data
@@ -138,7 +172,7 @@ class _S3Reader:
         bucket, _, key = where.partition("/")
         return bucket, key
 
-    async def check(self, url: str, t: Target | None) -> None:
+    async def check(self, url: str, t: Target | None, end: int = 0) -> None:
         import obstore
         from obstore.exceptions import NotFoundError
 
@@ -152,6 +186,8 @@ class _S3Reader:
                 raise _stale(url, f"size {head['size']} bytes, recorded {t.size}")
             if t.etag is not None and head.get("e_tag") != t.etag:
                 raise _stale(url, f"ETag {head.get('e_tag')}, recorded {t.etag}")
+        elif int(head["size"]) < end:
+            raise _stale(url, f"{head['size']} bytes, but references reach byte {end}")
 
     async def read(self, url: str, offset: int, length: int, t: Target | None) -> bytes:
         import obstore
@@ -215,15 +251,17 @@ class RefsStore(Store):
             self.verify_targets()
 
     def verify_targets(self) -> None:
-        """Check every recorded target now (size, mtime/ETag); raises :class:`StaleReferenceError`."""
-        for url, t in self._targets.items():
-            scheme, where = split_url(url)
-            if scheme == "file":
-                self._local.check(where, t)
-            elif self._s3 is not None:
-                from zarr.core.sync import sync
+        """Check every target now (size, fingerprint/mtime or ETag; unrecorded ones against the furthest byte)."""
+        from zarr.core.sync import sync
 
-                sync(self._s3.check(url, t))
+        for url in {*self._targets, *self.refs.urls}:
+            scheme, where = split_url(url)
+            t = self._targets.get(url)
+            end = self.refs.max_end.get(url, 0)
+            if scheme == "file":
+                self._local.check(where, t, end)
+            elif self._s3 is not None:
+                sync(self._s3.check(url, t, end))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RefsStore) and other.refs.path == self.refs.path

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import rasterio
 import rasterio.windows
 import xarray as xr
 
+from cubelake.errors import UntrustedTargetError
 from cubelake.ingest import IngestOptions, ingest
 from cubelake.ingest.pipeline import Outcome
 from cubelake.lake import Lake
@@ -39,7 +41,9 @@ def test_tiled_source_is_referenced_in_place_and_reads_like_native_zarr(lake: La
     assert info["chunks"] == 2 * 3
     assert "cog" not in rec["products"]  # nothing copied
     assert str(src.parent.resolve()) in lake.allowed_roots
-    ref = open_dataset(res.products["refs"])
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
+        open_dataset(res.products["refs"])  # the source's folder is trusted only through the lake, named by the caller
+    ref = open_dataset(res.products["refs"], lake=lake)
     nat = xr.open_zarr(res.products["zarr"])
     assert ref["data"].dims == nat["data"].dims == ("band", "y", "x")
     np.testing.assert_array_equal(ref["data"].values, nat["data"].values)
@@ -47,7 +51,7 @@ def test_tiled_source_is_referenced_in_place_and_reads_like_native_zarr(lake: La
         if c in nat.coords:
             np.testing.assert_array_equal(ref[c].values, nat[c].values)
     assert ref["spatial_ref"].attrs["crs_wkt"] == nat["spatial_ref"].attrs["crs_wkt"]
-    np.testing.assert_array_equal(open_array(res.products["refs"])[:], data)
+    np.testing.assert_array_equal(open_array(res.products["refs"], lake=lake.root)[:], data)
 
 
 def test_striped_source_is_cogified_and_the_reason_is_given(lake: Lake, geotiff) -> None:
@@ -62,7 +66,7 @@ def test_striped_source_is_cogified_and_the_reason_is_given(lake: Lake, geotiff)
     assert info["in_place"] is False
     assert "striped" in info["reason_not_in_place"]
     cog = lake.scene_dir(res.scene_id) / rec["products"]["cog"]["path"]
-    assert info["target"]["url"] == str(cog.resolve())
+    assert info["target"]["url"] == cog.name  # relative to the refs file: the lake can be moved
     with rasterio.open(cog) as ds:
         expected = ds.read()
     np.testing.assert_array_equal(open_array(res.products["refs"])[:], expected)
@@ -80,7 +84,7 @@ def test_calibration_a_reference_cannot_express_forces_a_cog(lake: Lake, geotiff
     (res,) = ingest([src], lake, IngestOptions(products=("refs",), profile=load_profile(str(prof))))
     assert res.outcome is Outcome.INGESTED, res.message
     assert "removes bands (3)" in res.message
-    arr = open_array(res.products["refs"])
+    arr = open_array(res.products["refs"], lake=lake)
     assert arr.shape == (5, 128, 128)
     np.testing.assert_array_equal(arr[:], data[[0, 1, 3, 4, 5]])
 
@@ -96,7 +100,7 @@ def test_cf_scale_offset_is_expressed_as_attributes_not_copied(lake: Lake, geoti
     (res,) = ingest([src], lake, IngestOptions(products=("refs", "zarr"), profile=load_profile(str(prof))))
     assert res.outcome is Outcome.INGESTED, res.message
     assert "in place" in res.message
-    ref = open_dataset(res.products["refs"])
+    ref = open_dataset(res.products["refs"], lake=lake)
     nat = xr.open_zarr(res.products["zarr"])
     assert ref["data"].encoding["scale_factor"] == 0.0001
     np.testing.assert_allclose(ref["data"].values, nat["data"].values)
@@ -135,7 +139,7 @@ def test_real_scenes_ingested_with_refs_read_exactly_like_their_cogs(real: Path,
     done = [r for r in results if r.outcome is Outcome.INGESTED]
     assert len(done) >= 6
     for r in done:
-        arr = open_array(r.products["refs"])
+        arr = open_array(r.products["refs"], lake=lake)
         _, ch, cw = arr.chunks
         with rasterio.open(r.products["cog"]) as cog:
             assert arr.shape == (cog.count, cog.height, cog.width)
@@ -144,3 +148,24 @@ def test_real_scenes_ingested_with_refs_read_exactly_like_their_cogs(real: Path,
                     win = rasterio.windows.Window(x, y, min(cw, cog.width - x), min(ch, cog.height - y))
                     np.testing.assert_array_equal(arr[:, y:y + win.height, x:x + win.width], cog.read(window=win),
                                                   err_msg=f"{r.path} chunk at row {y}, col {x}")
+
+
+def test_the_loader_trusts_in_place_targets_through_the_lake_its_caller_names(lake: Lake, geotiff) -> None:
+    from cubelake.loaders.sources import open_source
+
+    data = hsi_cube(3, 128, 128)
+    src = geotiff("inplace.tif", data, tiled=True, blockxsize=64, blockysize=64, compress="zstd")
+    (res,) = ingest([src], lake, IngestOptions(products=("refs",)))
+    assert "in place" in res.message
+    folder = lake.scene_dir(res.scene_id)
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
+        open_source(folder, prefer=("refs",))  # the lake.json above the scene is not trusted by itself
+    with pytest.raises(UntrustedTargetError):
+        open_source(folder / f"{res.scene_id}.refs.json")
+    s = open_source(folder, prefer=("refs",), lake=lake.root)
+    assert s.kind == "refs"
+    url, off, n = s.locate(0, 1, 1)
+    assert url == str(src.resolve())
+    tile = s.decoder(src.read_bytes()[off:off + n], None)
+    np.testing.assert_array_equal(tile, data[:, 64:128, 64:128])
+    assert open_source(folder / f"{res.scene_id}.refs.json", lake=lake.root).version == s.version

@@ -35,7 +35,8 @@ def _evil(tmp_path: Path, target: str, name: str = "evil.json") -> Path:
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "file:///etc/passwd", "s3://other-bucket/x.tif",
-                                    "http://example.com/x.tif", "relative/x.tif", "SRC/../../../etc/passwd"])
+                                    "http://example.com/x.tif", "../../../../../../../../etc/passwd",
+                                    "SRC/../../../etc/passwd"])
 def test_targets_outside_the_allowed_roots_are_refused(tmp_path: Path, geotiff, target: str) -> None:
     src, _ = _tiled(geotiff)
     write_refs(build_refs(str(src)), tmp_path / "good.json")
@@ -66,16 +67,19 @@ def test_explicitly_allowed_root_is_trusted(tmp_path: Path, geotiff) -> None:
     np.testing.assert_array_equal(open_array(refs_dir / "r.json", allowed_roots=[str(elsewhere)])[:], data)
 
 
-def test_a_lake_trusts_itself_and_its_allowed_roots_only(tmp_path: Path, geotiff) -> None:
+def test_a_lake_named_by_the_caller_lends_its_allowed_roots(tmp_path: Path, geotiff) -> None:
     lake = Lake(tmp_path / "lake")
     src, data = _tiled(geotiff)
     refs = lake.root / "cube.json"
     write_refs(build_refs(str(src)), refs)
     with pytest.raises(UntrustedTargetError):
-        open_array(refs)  # the source folder is not a root of this lake
+        open_array(refs, lake=lake)  # the source folder is not a root of this lake
     assert lake.allow_root(str(tmp_path)) is True
     assert lake.allow_root(str(tmp_path)) is False
-    np.testing.assert_array_equal(open_array(refs)[:], data)
+    np.testing.assert_array_equal(open_array(refs, lake=lake)[:], data)
+    np.testing.assert_array_equal(open_array(refs, lake=str(lake.root))[:], data)
+    with pytest.raises(UntrustedTargetError):
+        open_array(refs)  # the lake.json beside the set counts only when the caller names the lake
 
 
 def test_cli_check_reports_untrusted_and_allows_with_flag(tmp_path: Path, geotiff) -> None:
@@ -142,3 +146,50 @@ def test_malformed_reference_files_get_clear_errors(tmp_path: Path, content: str
     p.write_text(content)
     with pytest.raises(RefsError, match=match):
         open_array(p)
+
+
+def _plant_lake(folder: Path) -> None:
+    """A lake marker that arrives with the untrusted set and would allow everything, if trusted."""
+    (folder / "lake.json").write_text(json.dumps({"format": "cubelake-lake", "version": 1, "allowed_roots": ["/"]}))
+
+
+@pytest.mark.parametrize("where", ["beside", "parent"])
+def test_a_lake_json_shipped_with_the_set_grants_nothing(tmp_path: Path, geotiff, where: str) -> None:
+    src, _ = _tiled(geotiff)
+    write_refs(build_refs(str(src)), tmp_path / "good.json")
+    parcel = tmp_path / "download" / "parcel"
+    parcel.mkdir(parents=True)
+    _plant_lake(parcel if where == "beside" else parcel.parent)
+    evil = _evil(tmp_path, "/etc/passwd")
+    evil = evil.replace(parcel / "evil.json")
+    for opener in (open_dataset, open_array):
+        with pytest.raises(UntrustedTargetError, match="outside the allowed roots") as info:
+            opener(evil)
+        assert str(evil) in str(info.value)
+        assert "/etc/passwd" in str(info.value)
+    run = subprocess.run([sys.executable, "-m", "cubelake.cli", "refs", "check", str(evil)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stdout + run.stderr
+    assert str(evil) in run.stderr
+    assert "'/etc/passwd' is outside the allowed roots" in run.stderr
+    assert "--allow-root /etc" in run.stderr  # the exact flag, should the user really trust it
+    assert "root:x:0:0" not in run.stdout + run.stderr  # no byte of /etc/passwd was served
+
+
+def test_cli_check_trusts_the_lake_it_is_given(tmp_path: Path, geotiff) -> None:
+    lake = Lake(tmp_path / "lake")
+    src, _ = _tiled(geotiff)
+    refs = write_refs(build_refs(str(src)), lake.root / "r.json")
+    lake.allow_root(str(src.parent))
+    cmd = [sys.executable, "-m", "cubelake.cli", "refs", "check", str(refs)]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert "outside the allowed roots" in bad.stderr
+    ok = subprocess.run([*cmd, "--lake", str(lake.root)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "unchanged and allowed" in ok.stdout
+    not_a_lake = subprocess.run([*cmd, "--lake", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+    assert not_a_lake.returncode == 2
+    assert "no cubelake lake here" in not_a_lake.stderr
+    assert "Traceback" not in not_a_lake.stderr
