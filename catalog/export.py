@@ -8,8 +8,12 @@ JSON items keep STAC's own forms):
 - ``cubelake:calibration`` holds per-step records of different shapes; it is stored as its
   JSON text.
 
-An item without a location (a scene with no georeferencing) gets an empty geometry, which
-stac-geoparquet needs and geopandas reads as an empty shape.
+An item without a location (a scene with no georeferencing) gets an empty polygon, which
+stac-geoparquet needs, geopandas reads as an empty shape and ``stac_table_to_items`` reads back
+(an empty GeometryCollection does not: it has no ``coordinates``).
+
+Hrefs are absolute and each item has a ``self`` link (``LakeCatalog.export_geoparquet``), so the
+file is usable away from the lake.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .schema import BANDS, CB_CALIBRATION
 
 __all__ = ["export_geoparquet", "item_for_arrow"]
 
-_EMPTY = {"type": "GeometryCollection", "geometries": []}
+_EMPTY = {"type": "Polygon", "coordinates": []}
 
 
 def _nodata_as_float(obj: dict[str, Any]) -> None:

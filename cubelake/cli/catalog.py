@@ -98,7 +98,7 @@ def _table(hits: list[SearchHit]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name, justify in (("id", "left"), ("collection", "left"), ("datetime", "left"), ("bands", "right"),
                           ("nm covered", "left"), ("cloud", "right"), ("bbox", "left")):
-        table.add_column(name, justify=justify, no_wrap=name in ("id", "datetime"), overflow="fold")  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for h in hits:
         p = h.properties
         cov = p.get("cubelake:wavelength_coverage_nm") or []
@@ -111,12 +111,12 @@ def _table(hits: list[SearchHit]) -> Table:
 
 
 def _print_table(hits: list[SearchHit]) -> None:
-    out = out_console()
+    """The table at its own width, on a terminal too: no cell is ever cut, folded or dropped (a narrow
+    terminal wraps whole lines; a pipe, a file or CI gets one line per item)."""
     table = _table(hits)
-    if not out.is_terminal:  # a pipe, a file, CI: the table's own width, so no cell is ever cut or wrapped
-        wide = Console(file=sys.stdout, highlight=False, width=100_000)
-        out = Console(file=sys.stdout, highlight=False, soft_wrap=True,
-                      width=Measurement.get(wide, wide.options, table).maximum)
+    wide = Console(file=sys.stdout, highlight=False, width=100_000)
+    out = Console(file=sys.stdout, highlight=False, soft_wrap=True,
+                  width=Measurement.get(wide, wide.options, table).maximum)
     out.print(table)
     out.print(f"{len(hits)} item(s)")
 

@@ -135,6 +135,15 @@ class Synth:
         return item
 
 
+def bands_of(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """An item's bands as STAC 1.1 puts them: on its data assets (all list the same), else in its properties."""
+    lists = [a["bands"] for a in item.get("assets", {}).values() if "data" in a.get("roles", []) and "bands" in a]
+    for other in lists[1:]:
+        assert [(b["name"], b.get("eo:center_wavelength")) for b in other] == \
+            [(b["name"], b.get("eo:center_wavelength")) for b in lists[0]], item["id"]
+    return lists[0] if lists else item["properties"].get("bands", [])
+
+
 def synth_item(sid: str, **kw: Any) -> dict[str, Any]:
     """A small STAC item dict for index-only tests (see :class:`Synth` for the keywords)."""
     return Synth(sid, **kw).to_item()
