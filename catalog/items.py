@@ -64,6 +64,7 @@ __all__ = ["CollectionSummary", "collection_dict", "collection_id", "item_bands"
 
 ITEM_FILE = "item.json"
 _SAFE = re.compile(r"[^a-z0-9._-]+")
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
 _STATS = (("min", "minimum"), ("max", "maximum"), ("mean", "mean"), ("std", "stddev"))
 
 
@@ -176,7 +177,8 @@ def _calibration_summary(calibration: dict[str, Any] | None) -> dict[str, Any] |
             out["bands_kept"] = len(s.get("keep") or [])
             reasons: dict[str, int] = {}
             for why in (s.get("removed") or {}).values():
-                reasons[str(why)] = reasons.get(str(why), 0) + 1
+                kind = _NUMBER.sub("", str(why)).replace(" nm", "").strip() or str(why)  # "wavelength window"
+                reasons[kind] = reasons.get(kind, 0) + 1
             out["bands_removed"] = reasons
     out["details"] = "./scene.json"
     return out

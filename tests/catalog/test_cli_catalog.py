@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -333,3 +335,62 @@ def test_export_of_an_empty_lake_is_a_clear_error_and_writes_nothing(tmp_path: P
     assert str(tmp_path / "empty") in res.stderr
     assert not out.exists()
     assert list(tmp_path.glob("*.parquet*")) == []
+
+
+# -- --intersects with a file ------------------------------------------------------------------------------
+def _fc(*polygons: list[list[float]]) -> dict[str, Any]:
+    return {"type": "FeatureCollection", "features": [
+        {"type": "Feature", "properties": {"field": k}, "geometry": {"type": "Polygon", "coordinates": [ring]}}
+        for k, ring in enumerate(polygons)]}
+
+
+def test_intersects_a_feature_collection_file(real_lake: Path, real_ingest: RealLake, tmp_path: Path) -> None:
+    files = item_files(real_lake)
+    enmap = shape(files[real_ingest.ids["enmap"][0]]["geometry"]).representative_point()
+    aviris = shape(files[real_ingest.ids["aviris"][0]]["geometry"]).representative_point()
+    rings = [[[p.x - 1e-4, p.y - 1e-4], [p.x + 1e-4, p.y - 1e-4], [p.x + 1e-4, p.y + 1e-4], [p.x - 1e-4, p.y + 1e-4],
+              [p.x - 1e-4, p.y - 1e-4]] for p in (enmap, aviris)]
+    field = tmp_path / "field.geojson"
+    field.write_text(json.dumps(_fc(*rings)))
+    got = {h["id"] for h in search_json(real_lake, "--intersects", str(field))}
+    expected = {sid for sid, it in files.items() if it["geometry"] and any(
+        shape(it["geometry"]).intersects(shape({"type": "Polygon", "coordinates": [r]})) for r in rings)}
+    assert real_ingest.ids["enmap"][0] in got
+    assert real_ingest.ids["aviris"][0] in got
+    assert got == expected
+    # one Feature of it, and its bare geometry, find their part only
+    one = _fc(rings[0])["features"][0]
+    for doc in (one, one["geometry"]):
+        field.write_text(json.dumps(doc))
+        assert real_ingest.ids["aviris"][0] not in {h["id"] for h in search_json(real_lake, "--intersects", str(field))}
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b'{"type": "FeatureCollection", "features": []}', "no feature geometry"),
+    (b'{"type": "Feature"}', "a Feature without a geometry"),
+    (b"\xff\xfe{not text", "cannot be read as GeoJSON text"),
+    (b"", "not usable as a search geometry"),
+    (b'{"type": "Point", "coordinates": [13.0, 95.0]}', "must be WGS84 lon/lat degrees"),
+])
+def test_intersects_a_bad_file_exits_2_naming_it(real_lake: Path, tmp_path: Path, content: bytes, needle: str) -> None:
+    field = tmp_path / "field.geojson"
+    field.write_bytes(content)
+    res = subprocess.run([sys.executable, "-m", "cubelake.cli", "catalog", "search", "--lake", str(real_lake),
+                          "--intersects", str(field)], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"error: {field}: " in res.stderr
+    assert needle in " ".join(res.stderr.split())
+    assert res.stdout == ""
+
+
+def test_intersects_a_fifo_or_a_folder_is_refused_without_reading(real_lake: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "field.geojson"
+    os.mkfifo(fifo)
+    for path, why in ((fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                      (tmp_path / "missing.geojson", "no such file")):
+        res = subprocess.run([sys.executable, "-m", "cubelake.cli", "catalog", "search", "--lake", str(real_lake),
+                              "--intersects", str(path)], capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 2, res.stderr
+        assert "Traceback" not in res.stderr
+        assert f"--intersects {path}: neither GeoJSON text nor a GeoJSON file ({why})" in " ".join(res.stderr.split())
