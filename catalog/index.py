@@ -4,7 +4,8 @@ Tables (``SCHEMA_VERSION`` 5):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
-  WKB, band count, item href, the properties JSON (without the bulky bands and calibration),
+  WKB, band count, item href, the properties JSON (without the calibration and geohash cover;
+  the bands, on the item's data assets in STAC 1.1, are in ``bands``),
   and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
   ``platform``) with their own indexes.
 - ``items_rtree``: a 3-D R*Tree of (longitude, latitude, time) boxes, so a bbox + datetime
@@ -23,6 +24,10 @@ Tables (``SCHEMA_VERSION`` 5):
 - ``geohash``: the footprint's compact geohash-6 cover; ``queryables``: every scalar property
   seen, with each JSON type it has had, so a filter on an unknown or mistyped property is an
   error (a comparison only ever matches values of its own type).
+
+SQLite errors leave as :class:`CatalogError`; a damaged file (SQLite's ``SQLITE_CORRUPT`` or
+``SQLITE_NOTADB``) or another schema version as :class:`CorruptIndexError`, which
+``LakeCatalog`` answers by rebuilding the index from the item files.
 
 Writers serialise on SQLite's own lock (``BEGIN IMMEDIATE``, WAL journal, a 60 s busy
 timeout); readers never block. Search drives from the R*Tree when a bbox/geometry is given,

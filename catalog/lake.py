@@ -5,7 +5,8 @@ Layout inside a lake::
     catalog.json                              root STAC Catalog (links every collection)
     collections/<profile>/collection.json     one Collection per sensor profile, with summaries
     scenes/<id>/item.json                     the scene's Item, published with its products
-    catalog.sqlite                            the index (derived; ``reindex`` rebuilds it)
+    catalog.sqlite                            the index (derived; ``reindex`` rebuilds it, and opening it
+                                              does when it is empty, damaged or of another schema version)
     .pending/<id>                             an ingest between publishing products and item
 
 Publishing order: ingest builds products *and* ``item.json`` in staging and moves them into
@@ -107,7 +108,10 @@ def _missing_assets(scene_dir: Path, item: dict[str, Any]) -> list[str]:
 def _empty_database(path: Path) -> bool:
     """A 0-byte database file with no write-ahead log: SQLite would take it as a new, empty index."""
     wal = Path(str(path) + "-wal")
-    return path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size > 0)
+    try:
+        return path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size > 0)
+    except FileNotFoundError:  # removed meanwhile: nothing to take for an index
+        return False
 
 
 def _remove_database(path: Path, suffixes: tuple[str, ...] = ("", "-wal", "-shm")) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pystac
 import pytest
 from referencing import Registry
 from stac_pydantic import Item
@@ -197,3 +199,38 @@ def test_cli_validate_refuses_a_schemas_path_that_is_not_a_folder(real_lake: Pat
                         catch_exceptions=False)
     assert res.exit_code == 2
     assert "not a folder of JSON schemas" in " ".join(re.sub(r"[│╭╮╰╯─]", " ", res.output).split())
+
+
+@pytest.fixture
+def offline_pystac(shared_schemas: Path) -> Iterator[None]:
+    """pystac's own validator with the shared extension schemas (and the bundled view schema) in its cache."""
+    from pystac.validation import JsonSchemaSTACValidator, RegisteredValidator, set_validator
+
+    validator = JsonSchemaSTACValidator()
+    for folder in (SCHEMA_DIR, shared_schemas):
+        for path in folder.glob("*.json"):
+            doc = json.loads(path.read_text())
+            validator.schema_cache[doc["$id"].rstrip("#")] = doc
+    before = RegisteredValidator._validator
+    set_validator(validator)
+    try:
+        yield
+    finally:
+        RegisteredValidator._validator = before
+
+
+def test_pystac_validates_every_item_and_collection_offline(real_lake: Path, real_ingest: RealLake,
+                                                            offline_pystac: None) -> None:
+    checked = 0
+    for path in stac_files(real_lake):
+        obj = pystac.read_file(str(path))
+        schemas = obj.validate()  # raises STACValidationError on any problem
+        assert len(schemas) == 1 + len(obj.stac_extensions), path
+        checked += 1
+    assert checked == len(real_ingest.all_ids) + 5
+    old = _enmap_item(real_lake, real_ingest)
+    old["properties"]["bands"] = old["assets"]["cog"]["bands"]
+    for a in old["assets"].values():
+        a.pop("bands", None)
+    with pytest.raises(pystac.STACValidationError):
+        pystac.Item.from_dict(old).validate()
