@@ -358,15 +358,17 @@ class LakeCatalog:
             marker.unlink(missing_ok=True)
             return line
 
-    def reindex(self, progress: Callable[[int, int], None] | None = None) -> ReindexReport:
+    def reindex(self, progress: Callable[[int, int], None] | None = None, *,
+                rebuild_items: bool = False) -> ReindexReport:
         """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
 
         A scene with a record but no item (a lake from before the catalog) gets its item built
-        from ``scene.json``. The new index is built aside, then copied into the live one with
-        SQLite's backup API, in one transaction: other processes that have the index open see the
-        old or the new content, never a file swapped under them (renaming or deleting a database
-        in use, with its WAL, is how SQLite files get corrupted). Only an index SQLite cannot
-        open at all is replaced by a rename.
+        from ``scene.json``; ``rebuild_items`` rebuilds every item from its record (after an
+        upgrade changed how items are written). The new index is built aside, then copied into the
+        live one with SQLite's backup API, in one transaction: other processes that have the index
+        open see the old or the new content, never a file swapped under them (renaming or deleting
+        a database in use, with its WAL, is how SQLite files get corrupted). Only an index SQLite
+        cannot open at all is replaced by a rename.
         """
         self._check_index_path()
         report = ReindexReport()
@@ -379,28 +381,9 @@ class LakeCatalog:
                     for n, sid in enumerate(ids, 1):
                         if progress:
                             progress(n, len(ids))
-                        path = self.item_path(sid)
-                        if not path.exists():
-                            record = self.lake.scene_record(sid)
-                            if record is None:
-                                continue
-                            atomic_write_text(path, item_json(item_from_record(record)))
-                            report.built.append(sid)
-                        try:
-                            item = read_item(path)
-                        except CorruptItemError as exc:
-                            log.warning("%s", exc)
-                            report.corrupt.append((str(path), str(exc).removeprefix(f"{path}: ")))
-                            continue
-                        if item["id"] != sid:
-                            report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
-                            continue
-                        try:
-                            index_rows(item, None)  # values the index cannot take (a bad time, a bad bbox)
-                        except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
-                            report.corrupt.append((str(path), f"not indexable: {exc}"))
-                            continue
-                        yield item
+                        item = self._reindex_item(sid, report, rebuild_items)
+                        if item is not None:
+                            yield item
 
                 report.indexed = fresh.insert_items(items(), batch_size=1000,
                                                     href=lambda item: self.item_href(item["id"]))
@@ -420,6 +403,41 @@ class LakeCatalog:
             for d in old_dirs - set(self.index.collections()):
                 shutil.rmtree(self.root / "collections" / d, ignore_errors=True)
         return report
+
+    def _reindex_item(self, sid: str, report: ReindexReport, rebuild: bool) -> dict[str, Any] | None:
+        """The item of scene ``sid`` for a reindex (built from its record if missing or asked), or ``None``."""
+        path = self.item_path(sid)
+        if rebuild or not path.exists():
+            # an ingest rewriting this scene holds its lock and writes a new item anyway: leave it be
+            # (waiting for it here, under the catalog lock it needs next, would deadlock)
+            with self.lake.lock(sid, blocking=False) as held:
+                record = self.lake.scene_record(sid) if held else None
+                try:
+                    text = item_json(item_from_record(record)) if record is not None else None
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    log.warning("%s: no item can be built from this scene record (%r); keeping its item file",
+                                self.lake.scene_dir(sid) / "scene.json", exc)
+                    text = None
+                if text is not None:
+                    atomic_write_text(path, text)
+                    report.built.append(sid)
+            if not path.exists():
+                return None
+        try:
+            item = read_item(path)
+        except CorruptItemError as exc:
+            log.warning("%s", exc)
+            report.corrupt.append((str(path), str(exc).removeprefix(f"{path}: ")))
+            return None
+        if item["id"] != sid:
+            report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
+            return None
+        try:
+            index_rows(item, None)  # values the index cannot take (a bad time, a bad bbox)
+        except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
+            report.corrupt.append((str(path), f"not indexable: {exc}"))
+            return None
+        return item
 
     def _swap_in(self, built: Path) -> None:
         """Make ``built`` the index (caller holds the catalog lock), then remove it."""

@@ -205,6 +205,7 @@ def stats_cmd(
 @catalog_app.command("reindex")
 def reindex_cmd(
     lake: Path = LAKE,
+    rebuild_items: bool = typer.Option(False, "--rebuild-items", help="Also rewrite every item.json from its scene.json (after an upgrade of cubelake)."),
     fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
@@ -213,7 +214,7 @@ def reindex_cmd(
     configure_output(verbose, quiet)
     with _open(lake) as cat:
         try:
-            report = cat.reindex()
+            report = cat.reindex(rebuild_items=rebuild_items)
         except CubelakeError as exc:
             raise _fail(exc) from None
     if fmt is TextOrJson.json:
@@ -222,7 +223,7 @@ def reindex_cmd(
         out = out_console()
         out.print(f"indexed {report.indexed} item(s)")
         for sid in report.built:
-            out.print(f"  built item {escape(sid)} from its scene record (it had none)")
+            out.print(f"  built item {escape(sid)} from its scene record")
         for path, why in report.corrupt:
             err_console().print(f"[red]skipped[/red] {escape(path)}: {escape(why)}")
     if report.corrupt:

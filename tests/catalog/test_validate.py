@@ -234,3 +234,29 @@ def test_pystac_validates_every_item_and_collection_offline(real_lake: Path, rea
         a.pop("bands", None)
     with pytest.raises(pystac.STACValidationError):
         pystac.Item.from_dict(old).validate()
+
+
+def test_reindex_rebuild_items_upgrades_items_written_the_old_way(lake_copy: Path, real_ingest: RealLake) -> None:
+    """A lake from before: bands in properties, none on the assets. ``reindex --rebuild-items`` fixes it."""
+    sid = real_ingest.ids["enmap"][1]
+    path = lake_copy / "scenes" / sid / "item.json"
+    current = path.read_text()
+    old = json.loads(current)
+    old["properties"]["bands"] = old["assets"]["cog"]["bands"]
+    for a in old["assets"].values():
+        a.pop("bands", None)
+    path.write_text(json.dumps(old, indent=1))
+    res = runner.invoke(app, ["catalog", "validate", "--lake", str(lake_copy)], catch_exceptions=False)
+    assert res.exit_code == 1
+    assert f"invalid {path}" in res.stderr
+    res = runner.invoke(app, ["catalog", "reindex", "--lake", str(lake_copy)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads(path.read_text()) == old  # a plain reindex leaves the files alone
+    res = runner.invoke(app, ["catalog", "reindex", "--lake", str(lake_copy), "--rebuild-items"],
+                        catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert f"  built item {sid} from its scene record" in res.stdout
+    assert len([ln for ln in res.stdout.splitlines() if ln.startswith("  built item ")]) == len(real_ingest.all_ids)
+    assert path.read_text() == current  # exactly what ingest wrote: the item is derived from the record
+    res = runner.invoke(app, ["catalog", "validate", "--lake", str(lake_copy)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
