@@ -165,7 +165,7 @@ def _data_fields(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _calibration_summary(calibration: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the calibration did, without its per-band arrays (those are in ``scene.json``)."""
+    """What the calibration did, without its per-band arrays (those are in ``scene.json``, the ``scene`` asset)."""
     if not calibration:
         return None
     steps = [s for s in calibration.get("steps", []) if isinstance(s, dict)]
@@ -180,7 +180,6 @@ def _calibration_summary(calibration: dict[str, Any] | None) -> dict[str, Any] |
                 kind = _NUMBER.sub("", str(why)).replace(" nm", "").strip() or str(why)  # "wavelength window"
                 reasons[kind] = reasons.get(kind, 0) + 1
             out["bands_removed"] = reasons
-    out["details"] = "./scene.json"
     return out
 
 
@@ -190,11 +189,12 @@ def _property_value(prop: str, value: Any) -> Any:
     Landsat writes -1 for a cloud cover it did not compute and azimuths in -180..180; the eo and
     view schemas allow 0..100 and 0..360.
     """
-    if prop in AZIMUTHS and isinstance(value, int | float) and not isinstance(value, bool):
-        return value % 360.0
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if prop in AZIMUTHS:
+        return value % 360.0 if number else None
     if prop in PROPERTY_RANGES:
         lo, hi = PROPERTY_RANGES[prop]
-        if not (isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi):
+        if not (number and lo <= value <= hi):
             return None
     return value
 

@@ -182,8 +182,9 @@ class LakeCatalog:
         """Open the index, or rebuild it from the item files when it cannot answer truthfully."""
         self._check_index_path()
         problem = None
+        missing = f"no catalog index at {self.index_path}"
         if not self.index_path.exists():
-            problem = "no catalog index" if self.lake.scene_ids() else None
+            problem = missing if self.lake.scene_ids() else None
         elif _empty_database(self.index_path):
             problem = f"{self.index_path} is empty (0 bytes): it would answer 0 items" if self.lake.scene_ids() else None
         else:
@@ -191,8 +192,8 @@ class LakeCatalog:
                 self._index = CatalogIndex(self.index_path)
             except CorruptIndexError as exc:
                 problem = str(exc)
-        if problem is not None:
-            self._rebuild(problem)
+        if problem is not None:  # a missing index is expected (a copied or pre-catalog lake): no warning for it
+            self._rebuild(problem, logging.INFO if problem == missing else logging.WARNING)
         if self._index is None:
             self._index = CatalogIndex(self.index_path)
 
@@ -205,9 +206,9 @@ class LakeCatalog:
                 f"{path} is {kind}, not the catalog index; cubelake does not delete it. Move it away "
                 f"(mv '{path}' '{path}.moved'), then run 'cubelake catalog reindex --lake {self.root}'")
 
-    def _rebuild(self, why: str) -> None:
+    def _rebuild(self, why: str, level: int = logging.WARNING) -> None:
         """Rebuild the index from the item files, saying why (on the log, which the CLI shows on stderr)."""
-        log.warning("%s; rebuilding the catalog index from the item files", why)
+        log.log(level, "%s; rebuilding the catalog index from the item files", why)
         try:
             report = self.reindex()
         except OSError as exc:
@@ -215,7 +216,7 @@ class LakeCatalog:
                                f"{self.root}' where the lake is writable") from exc
         for path, skipped in report.corrupt:
             log.warning("%s: skipped: %s", path, skipped)
-        log.warning("%s: catalog index rebuilt with %d item(s)", self.root, report.indexed)
+        log.log(level, "%s: catalog index rebuilt with %d item(s)", self.root, report.indexed)
 
     def _rebuilt_if_damaged(self, op: Callable[[], _T]) -> _T:
         """Run ``op``; if the index turns out damaged, rebuild it from the item files and run ``op`` again."""

@@ -38,13 +38,14 @@ def test_a_nan_tag_becomes_text_and_the_item_stays_json(tmp_path: Path) -> None:
     record["tags"] = {"CLOUD": "nan", "SUN": "inf", "WRS": "-1", "AZ": "-120.5", "EL": "33.25"}
     record["profile"]["settings"]["stac"] = {"tag_properties": {
         "eo:cloud_cover": "WRS", "x:cloud": "CLOUD", "view:sun_elevation": "SUN", "view:sun_azimuth": "AZ",
-        "view:off_nadir": "EL"}}
+        "view:off_nadir": "EL", "view:azimuth": "CLOUD"}}
     item = item_from_record(record)
     text = json.dumps(item, allow_nan=False)  # raises on NaN/Infinity
     props = json.loads(text)["properties"]
     assert props["x:cloud"] == "nan"
     # values their extension's schema forbids are left out, never published invalid
     assert "view:sun_elevation" not in props  # "inf" is no angle
+    assert "view:azimuth" not in props  # nor is "nan"
     assert "eo:cloud_cover" not in props  # -1 (Landsat's "not computed") is outside 0..100
     assert props["view:sun_azimuth"] == 239.5  # Landsat's -180..180 as the view extension's 0..360
     assert props["view:off_nadir"] == 33.25
