@@ -1,4 +1,4 @@
-"""``cubelake catalog``: search, show, stats, reindex and export the lake's STAC catalog."""
+"""``cubelake catalog``: search, show, stats, validate, reindex and export the lake's STAC catalog."""
 
 from __future__ import annotations
 
