@@ -4,7 +4,8 @@
 >>> cat = LakeCatalog("lake")
 >>> hits = cat.search(Query(bbox=(12.9, 52.3, 13.2, 52.5), datetime="2022-06/2022-08", wavelength_nm=(400, 1300)))
 
-Import order: ``schema`` <- ``geohash``, ``coverage`` <- ``query``, ``items`` <- ``index`` <- ``lake``.
+Import order: ``schema`` <- ``geohash``, ``coverage`` <- ``query``, ``items`` <- ``index`` <- ``lake``;
+``schema`` <- ``validate`` (offline STAC JSON-schema validation).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .index import CatalogIndex, SearchHit
 from .items import collection_dict, collection_id, item_from_record
 from .lake import LakeCatalog, ReindexReport
 from .query import ParsedQuery, PropertyFilter, Query, parse_query
+from .validate import validate_stac
 
 __all__ = [
     "CatalogIndex",
@@ -26,4 +28,5 @@ __all__ = [
     "collection_id",
     "item_from_record",
     "parse_query",
+    "validate_stac",
 ]

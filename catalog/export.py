@@ -3,13 +3,17 @@
 Two things in our items do not fit one Arrow schema, and are adapted for the table only (the
 JSON items keep STAC's own forms):
 
-- a band's ``nodata`` is a number or the string ``"nan"`` (STAC 1.1); Arrow needs one type, so
-  it becomes a float (NaN for "nan");
+- ``nodata`` (of an asset or a band) is a number or the string ``"nan"`` (STAC 1.1); Arrow needs
+  one type, so it becomes a float (NaN for "nan");
 - ``cubelake:calibration`` holds per-step records of different shapes; it is stored as its
   JSON text.
 
-An item without a location (a scene with no georeferencing) gets an empty geometry, which
-stac-geoparquet needs and geopandas reads as an empty shape.
+An item without a location (a scene with no georeferencing) gets an empty polygon, which
+stac-geoparquet needs, geopandas reads as an empty shape and ``stac_table_to_items`` reads back
+(an empty GeometryCollection does not: it has no ``coordinates``).
+
+Hrefs are absolute and each item has a ``self`` link (``LakeCatalog.export_geoparquet``), so the
+file is usable away from the lake.
 """
 
 from __future__ import annotations
@@ -30,17 +34,22 @@ from .schema import BANDS, CB_CALIBRATION
 
 __all__ = ["export_geoparquet", "item_for_arrow"]
 
-_EMPTY = {"type": "GeometryCollection", "geometries": []}
+_EMPTY = {"type": "Polygon", "coordinates": []}
+
+
+def _nodata_as_float(obj: dict[str, Any]) -> None:
+    if obj.get("nodata") is not None:
+        obj["nodata"] = float(obj["nodata"])
 
 
 def item_for_arrow(item: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``item`` whose fields have one Arrow type across items (see the module docstring)."""
     out = copy.deepcopy(item)
     props = out["properties"]
-    for band in props.get(BANDS, []):
-        nd = band.get("nodata")
-        if isinstance(nd, str) or nd is not None:
-            band["nodata"] = float(nd)
+    for holder in [props, *out.get("assets", {}).values()]:
+        _nodata_as_float(holder)
+        for band in holder.get(BANDS, []):
+            _nodata_as_float(band)
     if CB_CALIBRATION in props:
         props[CB_CALIBRATION] = json.dumps(props[CB_CALIBRATION])
     if out.get("geometry") is None:

@@ -4,7 +4,8 @@ Tables (``SCHEMA_VERSION`` 5):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
-  WKB, band count, item href, the properties JSON (without the bulky bands and calibration),
+  WKB, band count, item href, the properties JSON (without the calibration and geohash cover;
+  the bands, on the item's data assets in STAC 1.1, are in ``bands``),
   and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
   ``platform``) with their own indexes.
 - ``items_rtree``: a 3-D R*Tree of (longitude, latitude, time) boxes, so a bbox + datetime
@@ -24,6 +25,10 @@ Tables (``SCHEMA_VERSION`` 5):
   seen, with each JSON type it has had, so a filter on an unknown or mistyped property is an
   error (a comparison only ever matches values of its own type).
 
+SQLite errors leave as :class:`CatalogError`; a damaged file (SQLite's ``SQLITE_CORRUPT`` or
+``SQLITE_NOTADB``) or another schema version as :class:`CorruptIndexError`, which
+``LakeCatalog`` answers by rebuilding the index from the item files.
+
 Writers serialise on SQLite's own lock (``BEGIN IMMEDIATE``, WAL journal, a 60 s busy
 timeout); readers never block. Search drives from the R*Tree when a bbox/geometry is given,
 then checks time, wavelength, band count, geohash and property filters in SQL and the exact
@@ -33,6 +38,7 @@ footprint with shapely.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -40,16 +46,16 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 import shapely
 from shapely.geometry import shape
 
-from cubelake.errors import CatalogError, CatalogQueryError
+from cubelake.errors import CatalogError, CatalogQueryError, CorruptIndexError
 
 from .coverage import merged_coverage
-from .items import CollectionSummary
+from .items import CollectionSummary, item_bands
 from .query import BUILTIN_SORT, ParsedQuery, Query, epoch, iso, parse_query
 from .schema import (
     BANDS,
@@ -65,7 +71,7 @@ from .schema import (
     PROMOTED,
 )
 
-__all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_rows"]
+__all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_error", "index_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,36 @@ def _busy_or(path: Path, exc: sqlite3.Error) -> str:
         return (f"{path}: the catalog index stayed locked by another process for 60 s ({exc}); "
                 "a long ingest or reindex holds it: try again when it is done")
     return f"{path}: the catalog index cannot be used ({exc}); rebuild it with 'cubelake catalog reindex'"
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    """SQLite says the file is damaged or not a database (flipped pages, a truncated or foreign file)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def index_error(path: Path, exc: sqlite3.Error) -> CatalogError:
+    """The :class:`CatalogError` for an SQLite error on the index at ``path`` (corruption: ``CorruptIndexError``)."""
+    if _is_corrupt(exc):
+        return CorruptIndexError(f"{path}: the catalog index is damaged ({exc})")
+    return CatalogError(_busy_or(path, exc))
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _reads(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """SQLite errors of a reading method leave as the index's :class:`CatalogError` (see ``index_error``)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise index_error(cast("CatalogIndex", args[0]).path, exc) from exc
+
+    return wrapper
 
 
 class SearchHit:
@@ -228,7 +264,7 @@ def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
         wkb = shapely.to_wkb(_geometry(geom))
     else:
         w = s = e = n = None  # type: ignore[assignment]
-    bands_in = props.get(BANDS) or []
+    bands_in = item_bands(item)
     c_nm = [None if (v := b.get(EO_CENTER)) is None else v * 1000.0 for b in bands_in]
     f_nm = [None if (v := b.get(EO_FWHM)) is None else v * 1000.0 for b in bands_in]
     merged = merged_coverage(c_nm, f_nm)
@@ -262,14 +298,14 @@ class CatalogIndex:
             if not readonly:
                 self.db.execute("PRAGMA synchronous=NORMAL")
             version = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.OperationalError as exc:
-            raise CatalogError(_busy_or(self.path, exc)) from exc
-        except sqlite3.DatabaseError as exc:
-            raise CatalogError(f"{self.path}: not a usable catalog index ({exc}); rebuild it with "
-                               "'cubelake catalog reindex'") from exc
-        if version is None or int(version[0]) != SCHEMA_VERSION:
-            raise CatalogError(f"{self.path}: index schema version {version[0] if version else None}, expected "
-                               f"{SCHEMA_VERSION}; rebuild it with 'cubelake catalog reindex'")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(AttributeError, sqlite3.Error):
+                self.db.close()
+            raise index_error(self.path, exc) from exc
+        if version is None or str(version[0]) != str(SCHEMA_VERSION):
+            self.db.close()
+            raise CorruptIndexError(f"{self.path}: index schema version {version[0] if version else None}, expected "
+                                    f"{SCHEMA_VERSION}")
 
     def _create(self) -> None:
         with self.transaction():
@@ -297,18 +333,21 @@ class CatalogIndex:
         try:
             self.db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise CatalogError(_busy_or(self.path, exc)) from exc
+            raise index_error(self.path, exc) from exc
         try:
             yield self.db
         except BaseException as exc:
-            self.db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # a damaged file can refuse the rollback too
+                self.db.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
+                if _is_corrupt(exc):
+                    raise index_error(self.path, exc) from exc
                 raise CatalogError(f"{self.path}: writing the catalog index failed ({exc})") from exc
             raise
         try:
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise CatalogError(_busy_or(self.path, exc)) from exc
+            raise index_error(self.path, exc) from exc
 
     def _delete(self, rowid: int) -> None:
         db = self.db
@@ -385,10 +424,12 @@ class CatalogIndex:
             for t in ("items_rtree", "bands", "coverage", "geohash", "items", "queryables"):
                 self.db.execute(f"DELETE FROM {t}")
 
+    @_reads
     def analyze(self) -> None:
         self.db.execute("ANALYZE")
 
     # -- reading -------------------------------------------------------------
+    @_reads
     def queryables(self) -> dict[str, set[str]]:
         """Every scalar property seen, with the JSON types its values have had."""
         out: dict[str, set[str]] = {}
@@ -396,12 +437,15 @@ class CatalogIndex:
             out.setdefault(key, set()).add(kind)
         return out
 
+    @_reads
     def ids(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT id FROM items ORDER BY id")]
 
+    @_reads
     def hrefs(self) -> dict[str, str | None]:
         return dict(self.db.execute("SELECT id, href FROM items ORDER BY id").fetchall())
 
+    @_reads
     def band_table(self, item_id: str) -> list[tuple[str | None, float | None, float | None]]:
         """``(name, centre_nm, fwhm_nm)`` per band of an item (``None`` where unknown)."""
         row = self.db.execute("SELECT b.names, b.center_nm, b.fwhm_nm FROM bands b JOIN items i ON i.rowid = b.item "
@@ -413,9 +457,11 @@ class CatalogIndex:
         return [(n, None if math.isnan(a) else float(a), None if math.isnan(b) else float(b))
                 for n, a, b in zip(names, c, f, strict=True)]
 
+    @_reads
     def __len__(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM items").fetchone()[0])
 
+    @_reads
     def get(self, item_id: str) -> SearchHit | None:
         rows = list(self._select("i.id = ?", [item_id], "", None))
         return rows[0] if rows else None
@@ -431,6 +477,7 @@ class CatalogIndex:
             return f"i.{PROMOTED[key]}", []
         return "json_extract(i.properties, ?)", ['$."' + key.replace('"', '\\"') + '"']
 
+    @_reads
     def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
         """Every item matching ``query``, sorted and limited as it asks."""
         q = parse_query(query) if isinstance(query, Query) else query
@@ -530,6 +577,8 @@ class CatalogIndex:
         try:
             rows = self.db.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
+            if _is_corrupt(exc):
+                raise
             raise CatalogError(f"{self.path}: query failed ({exc})") from exc
         if geometry is not None and rows:
             geoms = shapely.from_wkb([r[12] for r in rows])
@@ -545,9 +594,11 @@ class CatalogIndex:
             )
 
     # -- summaries -------------------------------------------------------------
+    @_reads
     def collections(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT DISTINCT collection FROM items ORDER BY collection")]
 
+    @_reads
     def collection_summary(self, collection: str) -> CollectionSummary:
         db = self.db
         s = CollectionSummary(collection)
@@ -586,6 +637,7 @@ class CatalogIndex:
             s.ranges[CB_COVERAGE] = (round(lo, 4), round(hi, 4))
         return s
 
+    @_reads
     def stats(self) -> dict[str, Any]:
         """Counts per collection, time span, bands and spatial extent: ``cubelake catalog stats``."""
         db = self.db

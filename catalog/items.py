@@ -7,7 +7,10 @@ the lake's ``catalog.json`` is the root, ``collections/<profile>/collection.json
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from .coverage import merged_coverage
 from .schema import (
     ASSET_MEDIA_TYPES,
     ASSET_ROLES,
+    AZIMUTHS,
     BANDS,
     CATALOG_ID,
     CB_BAND_COUNT,
@@ -35,11 +39,10 @@ from .schema import (
     CB_QUALITY,
     CB_TREE_CHECKSUM,
     CB_VALIDATION,
+    DATA_TYPES,
     EO_CENTER,
-    EO_CLOUD,
     EO_FWHM,
-    EXT_VIEW,
-    EXTENSIONS,
+    EXTENSION_PREFIXES,
     FILE_CHECKSUM,
     FILE_SIZE,
     GEOHASH_PRECISION,
@@ -48,6 +51,7 @@ from .schema import (
     PROJ_SHAPE,
     PROJ_TRANSFORM,
     PROJ_WKT2,
+    PROPERTY_RANGES,
     RASTER_OFFSET,
     RASTER_SCALE,
     STAC_VERSION,
@@ -55,10 +59,13 @@ from .schema import (
     source_media_type,
 )
 
-__all__ = ["CollectionSummary", "collection_dict", "collection_id", "item_from_record", "root_catalog_dict"]
+__all__ = ["CollectionSummary", "collection_dict", "collection_id", "item_bands", "item_from_record", "item_json",
+           "root_catalog_dict", "used_extensions", "with_absolute_hrefs"]
 
 ITEM_FILE = "item.json"
 _SAFE = re.compile(r"[^a-z0-9._-]+")
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+_STATS = (("min", "minimum"), ("max", "maximum"), ("mean", "mean"), ("std", "stddev"))
 
 
 def collection_id(profile_name: str) -> str:
@@ -114,10 +121,13 @@ def _acquisition(record: dict[str, Any]) -> dict[str, Any]:
             "source": "unknown"}
 
 
-def _bands(record: dict[str, Any]) -> list[dict[str, Any]]:
-    enc = record.get("encoding", {})
-    fill = enc.get("_FillValue")
-    unit = (record.get("calibration") or {}).get("unit")
+def _sig(value: float) -> float:
+    """A statistic to 7 significant digits: float32 data has no more, and the item stays small."""
+    return float(f"{value:.7g}")
+
+
+def _bands(record: dict[str, Any], statistics: bool) -> list[dict[str, Any]]:
+    """The STAC 1.1 ``bands`` of a data asset: name, centre and FWHM (µm), optionally statistics."""
     height, width = record["grid"]["height"], record["grid"]["width"]
     out = []
     for b in record["bands"]:
@@ -126,23 +136,94 @@ def _bands(record: dict[str, Any]) -> list[dict[str, Any]]:
             band[EO_CENTER] = round(b["wavelength_nm"] / 1000.0, 7)
         if b.get("fwhm_nm") is not None:
             band[EO_FWHM] = round(b["fwhm_nm"] / 1000.0, 7)
-        if fill is not None:
-            band["nodata"] = "nan" if fill == "NaN" else fill
-        band["data_type"] = enc.get("dtype")
-        if unit:
-            band["unit"] = unit
-        if "scale_factor" in enc:
-            band[RASTER_SCALE] = enc["scale_factor"]
-            band[RASTER_OFFSET] = enc.get("add_offset", 0.0)
-        stats = {k2: b.get(k1) for k1, k2 in (("min", "minimum"), ("max", "maximum"), ("mean", "mean"), ("std", "stddev"))
-                 if b.get(k1) is not None}
-        if "count" in b and height * width:
-            stats["valid_percent"] = round(100.0 * b["count"] / (height * width), 4)
-        if stats:
-            band["statistics"] = stats
-        band["cubelake:source_band"] = b["source_band"]
+        if statistics:
+            stats = {k2: _sig(b[k1]) for k1, k2 in _STATS if b.get(k1) is not None}
+            if "count" in b and height * width:
+                stats["valid_percent"] = round(100.0 * b["count"] / (height * width), 4)
+            if stats:
+                band["statistics"] = stats
         out.append(band)
     return out
+
+
+def _data_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """What every band of a data asset shares, given once on the asset (STAC 1.1 lets bands inherit it)."""
+    enc = record.get("encoding", {})
+    out: dict[str, Any] = {}
+    if enc.get("dtype") in DATA_TYPES:
+        out["data_type"] = enc["dtype"]
+    fill = enc.get("_FillValue")
+    if fill is not None:
+        out["nodata"] = "nan" if fill == "NaN" else fill
+    unit = (record.get("calibration") or {}).get("unit")
+    if unit:
+        out["unit"] = unit
+    if "scale_factor" in enc:
+        out[RASTER_SCALE] = enc["scale_factor"]
+        out[RASTER_OFFSET] = enc.get("add_offset", 0.0)
+    return out
+
+
+def _calibration_summary(calibration: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the calibration did, without its per-band arrays (those are in ``scene.json``, the ``scene`` asset)."""
+    if not calibration:
+        return None
+    steps = [s for s in calibration.get("steps", []) if isinstance(s, dict)]
+    out: dict[str, Any] = {k: calibration[k] for k in ("quantity", "unit", "source_dtype") if k in calibration}
+    out["steps"] = [str(s.get("step")) for s in steps]
+    for s in steps:
+        if s.get("step") == "select_bands":
+            out["source_bands"] = s.get("n_source")
+            out["bands_kept"] = len(s.get("keep") or [])
+            reasons: dict[str, int] = {}
+            for why in (s.get("removed") or {}).values():
+                kind = _NUMBER.sub("", str(why)).replace(" nm", "").strip() or str(why)  # "wavelength window"
+                reasons[kind] = reasons.get(kind, 0) + 1
+            out["bands_removed"] = reasons
+    return out
+
+
+def _property_value(prop: str, value: Any) -> Any:
+    """A profile or tag value as its extension allows it, or ``None`` to leave it out.
+
+    Landsat writes -1 for a cloud cover it did not compute and azimuths in -180..180; the eo and
+    view schemas allow 0..100 and 0..360.
+    """
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if prop in AZIMUTHS:
+        return value % 360.0 if number else None
+    if prop in PROPERTY_RANGES:
+        lo, hi = PROPERTY_RANGES[prop]
+        if not (number and lo <= value <= hi):
+            return None
+    return value
+
+
+def used_extensions(obj: Any) -> list[str]:
+    """The extension schema URLs whose field prefixes occur as keys anywhere in ``obj``, in a fixed order."""
+    prefixes: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(k, str) and ":" in k:
+                    prefixes.add(k.split(":", 1)[0])
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(obj)
+    return [url for prefix, url in EXTENSION_PREFIXES.items() if prefix in prefixes]
+
+
+def item_bands(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bands of an item's cube: those of its first data asset with ``bands``, else ``properties.bands``."""
+    for asset in (item.get("assets") or {}).values():
+        if isinstance(asset, dict) and "data" in (asset.get("roles") or []) and isinstance(asset.get(BANDS), list):
+            return list(asset[BANDS])
+    bands = (item.get("properties") or {}).get(BANDS)
+    return list(bands) if isinstance(bands, list) else []
 
 
 def _asset(href: str, key: str, info: dict[str, Any], media_type: str) -> dict[str, Any]:
@@ -166,9 +247,10 @@ def _assets(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "roles": ASSET_ROLES["source"],
         "title": f"source ({src.get('format')}, {len(files)} file{'s' if len(files) != 1 else ''}; "
                  "the item's bands describe the products, not the source)",
-        "data_type": src.get("dtype"),
         "cubelake:band_count": (src.get("shape") or [None])[0],
     }
+    if src.get("dtype") in DATA_TYPES:
+        source["data_type"] = src["dtype"]
     if main is not None:
         source[FILE_SIZE] = main.get("size")
         if main.get("blake3"):
@@ -179,13 +261,19 @@ def _assets(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     ]
     assets = {"source": source}
     chunk = record["grid"]["chunk_shape"]
-    for key, info in record.get("products", {}).items():
+    products = record.get("products", {})
+    # every data asset lists the bands; their statistics once, on the COG (what viewers read), else the first
+    with_stats = "cog" if "cog" in products else next(iter(products), None)
+    shared = _data_fields(record)
+    for key, info in products.items():
         href = f"./{info['path']}"
         if key == "refs":
             mt = ASSET_MEDIA_TYPES["refs_json" if info.get("format") == "json" else "refs_parquet"]
         else:
             mt = info.get("media_type") or ASSET_MEDIA_TYPES.get(key, "application/octet-stream")
         a = _asset(href, key, info, mt)
+        a.update(shared)
+        a[BANDS] = _bands(record, statistics=key == with_stats)
         a[CB_CHUNK_SHAPE] = chunk
         if key == "zarr":
             a["cubelake:array"] = info.get("array", "data")
@@ -206,6 +294,38 @@ def _assets(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     assets["validation"] = {"href": "./validation.json", "type": "application/json", "roles": ASSET_ROLES["validation"],
                             "title": "validation report"}
     return assets
+
+
+def _absolute(href: str, base: str) -> str:
+    """``href`` made absolute against the folder ``base``; URLs (``s3://``, ``https://``) and absolute paths stay."""
+    if "://" in href or posixpath.isabs(href):
+        return href
+    return posixpath.normpath(posixpath.join(base, href))
+
+
+def with_absolute_hrefs(item: dict[str, Any], item_path: str) -> dict[str, Any]:
+    """A copy of ``item`` whose asset and link hrefs are absolute, with a ``self`` link to ``item_path``.
+
+    ``item_path`` is the item file's absolute path; the copy is usable from any working directory
+    (search output, the geoparquet export), the file itself keeps relative hrefs so the lake can move.
+    """
+    base = posixpath.dirname(item_path)
+    out = copy.deepcopy(item)
+    for asset in (out.get("assets") or {}).values():
+        if isinstance(asset, dict) and isinstance(asset.get("href"), str):
+            asset["href"] = _absolute(asset["href"], base)
+    links = [dict(lk) for lk in out.get("links") or [] if isinstance(lk, dict) and lk.get("rel") != "self"]
+    for lk in links:
+        if isinstance(lk.get("href"), str):
+            lk["href"] = _absolute(lk["href"], base)
+    out["links"] = [{"rel": "self", "href": item_path, "type": "application/geo+json"}, *links]
+    return out
+
+
+def item_json(item: dict[str, Any]) -> str:
+    """An item as the text of its ``item.json``: strict JSON (no NaN), compact (hundreds of bands per asset;
+    ``cubelake catalog show`` prints it indented)."""
+    return json.dumps(item, separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -241,9 +361,12 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
     tags = record.get("tags") or {}
     for prop, tag in (stac.get("tag_properties") or {}).items():
         if tag in tags and str(tags[tag]).strip():
-            value = _number_or_text(str(tags[tag]))
-            if prop == EO_CLOUD and not (isinstance(value, int | float) and 0 <= value <= 100):
-                continue  # Landsat writes -1 for "not computed"; the eo extension allows 0-100 only
+            props[prop] = _number_or_text(str(tags[tag]))
+    for prop in [k for k in props if k in PROPERTY_RANGES or k in AZIMUTHS]:
+        value = _property_value(prop, props[prop])
+        if value is None:
+            del props[prop]
+        else:
             props[prop] = value
 
     epsg = grid.get("crs_epsg")
@@ -256,19 +379,17 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
     if fp and fp.get("native_bbox"):
         props[PROJ_BBOX] = list(fp["native_bbox"])
 
-    bands = _bands(record)
-    props[BANDS] = bands
     merged = merged_coverage([b.get("wavelength_nm") for b in record["bands"]],
                              [b.get("fwhm_nm") for b in record["bands"]])
     props[CB_COVERAGE] = [[round(lo, 4), round(hi, 4)] for lo, hi in merged]
-    props[CB_BAND_COUNT] = len(bands)
+    props[CB_BAND_COUNT] = len(record["bands"])
     hw = grid["height"] * grid["width"]
     counts = [b.get("count") for b in record["bands"] if b.get("count") is not None]
     if counts and hw:
         props[CB_QUALITY] = round(sum(counts) / (len(counts) * hw), 6)
     props[CB_PROFILE] = profile.get("name")
     props[CB_CHUNK_SHAPE] = grid["chunk_shape"]
-    props[CB_CALIBRATION] = record.get("calibration")
+    props[CB_CALIBRATION] = _calibration_summary(record.get("calibration"))
     warnings = (record.get("validation") or {}).get("warnings", [])
     props[CB_VALIDATION] = {
         "status": "passed_with_warnings" if warnings else "passed",
@@ -278,11 +399,10 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
     props[CB_CONTENT_HASH] = record.get("content_hash")
     props[CB_GEOHASH] = geohash.cover(shape(geometry), GEOHASH_PRECISION) if geometry else []
 
-    extensions = list(EXTENSIONS) + ([EXT_VIEW] if any(k.startswith("view:") for k in props) else [])
-    return {
+    item: dict[str, Any] = {
         "type": "Feature",
         "stac_version": STAC_VERSION,
-        "stac_extensions": extensions,
+        "stac_extensions": [],
         "id": sid,
         "collection": coll,
         "geometry": geometry,
@@ -295,6 +415,8 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
         ],
         "assets": _assets(record),
     }
+    item["stac_extensions"] = used_extensions(item)
+    return item
 
 
 @dataclass(slots=True)
@@ -316,10 +438,10 @@ def collection_dict(summary: CollectionSummary, description: str = "", stac: dic
     stac = stac or {}
     summaries: dict[str, Any] = {k: sorted(v, key=str) for k, v in summary.values.items() if v}
     summaries.update({k: {"minimum": lo, "maximum": hi} for k, (lo, hi) in summary.ranges.items()})
-    return {
+    collection: dict[str, Any] = {
         "type": "Collection",
         "stac_version": STAC_VERSION,
-        "stac_extensions": list(EXTENSIONS),
+        "stac_extensions": [],
         "id": summary.id,
         "title": summary.id,
         "description": (description or f"Scenes ingested with the '{summary.id}' profile").strip(),
@@ -337,6 +459,8 @@ def collection_dict(summary: CollectionSummary, description: str = "", stac: dic
             *({"rel": "item", "href": f"../../{h}", "type": "application/geo+json"} for h in summary.item_hrefs),
         ],
     }
+    collection["stac_extensions"] = used_extensions(collection)
+    return collection
 
 
 def root_catalog_dict(collection_ids: Sequence[str]) -> dict[str, Any]:

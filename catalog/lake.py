@@ -5,7 +5,8 @@ Layout inside a lake::
     catalog.json                              root STAC Catalog (links every collection)
     collections/<profile>/collection.json     one Collection per sensor profile, with summaries
     scenes/<id>/item.json                     the scene's Item, published with its products
-    catalog.sqlite                            the index (derived; ``reindex`` rebuilds it)
+    catalog.sqlite                            the index (derived; ``reindex`` rebuilds it, and opening it
+                                              does when it is empty, damaged or of another schema version)
     .pending/<id>                             an ingest between publishing products and item
 
 Publishing order: ingest builds products *and* ``item.json`` in staging and moves them into
@@ -25,26 +26,40 @@ import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import shapely
 
-from cubelake.errors import CatalogError, CorruptItemError, CubelakeError, ItemNotFoundError
+from cubelake.errors import (
+    CatalogError,
+    CorruptIndexError,
+    CorruptItemError,
+    CubelakeError,
+    ItemNotFoundError,
+)
 from cubelake.lake import Lake, atomic_write_text, pid_alive, safe_scene_id
 
 from .index import CatalogIndex, SearchHit, index_rows
-from .items import ITEM_FILE, collection_dict, item_from_record, root_catalog_dict
+from .items import (
+    ITEM_FILE,
+    collection_dict,
+    item_from_record,
+    item_json,
+    root_catalog_dict,
+    with_absolute_hrefs,
+)
 from .query import ParsedQuery, Query
 
-__all__ = ["INDEX_FILE", "LakeCatalog", "ReindexReport", "check_item", "read_item"]
+__all__ = ["INDEX_FILE", "LakeCatalog", "ReindexReport", "StacReport", "check_item", "read_item"]
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "catalog.sqlite"
 _LOCK = "_catalog"
+_T = TypeVar("_T")
 
 
 def read_item(path: Path) -> dict[str, Any]:
@@ -90,6 +105,15 @@ def _missing_assets(scene_dir: Path, item: dict[str, Any]) -> list[str]:
     return out
 
 
+def _empty_database(path: Path) -> bool:
+    """A 0-byte database file with no write-ahead log: SQLite would take it as a new, empty index."""
+    wal = Path(str(path) + "-wal")
+    try:
+        return path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size > 0)
+    except FileNotFoundError:  # removed meanwhile: nothing to take for an index
+        return False
+
+
 def _remove_database(path: Path, suffixes: tuple[str, ...] = ("", "-wal", "-shm")) -> None:
     """Delete an SQLite file and its WAL/shared-memory companions, whichever exist."""
     for suffix in suffixes:
@@ -110,6 +134,22 @@ class ReindexReport:
                 "built_from_scene_records": self.built}
 
 
+@dataclass(slots=True)
+class StacReport:
+    """What ``validate`` found: how many STAC files were checked, and the problems of each invalid one."""
+
+    checked: int = 0
+    invalid: dict[str, list[str]] = field(default_factory=dict)  # path -> problems
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checked": self.checked, "valid": self.checked - len(self.invalid),
+                "invalid": [{"path": p, "problems": probs} for p, probs in self.invalid.items()]}
+
+
 class LakeCatalog:
     """The catalog of one lake: publish items, search, show, reindex, export."""
 
@@ -122,7 +162,7 @@ class LakeCatalog:
 
     @property
     def index(self) -> CatalogIndex:
-        """The index; built from the item files first if it is missing (a copied lake, an older lake)."""
+        """The index; rebuilt from the item files first if it is missing, empty, damaged or outdated."""
         if self._index is None:
             if self._opening:  # reindex, called from here, opening the index it built
                 self._index = CatalogIndex(self.index_path)
@@ -132,16 +172,60 @@ class LakeCatalog:
             with self.lake.lock("_catalog_index"):
                 self._opening = True
                 try:
-                    if not self.index_path.exists() and self.lake.scene_ids():
-                        log.info("%s: no catalog index; building it from the item files", self.root)
-                        report = self.reindex()
-                        for path, why in report.corrupt:
-                            log.warning("%s: skipped: %s", path, why)
-                    if self._index is None:
-                        self._index = CatalogIndex(self.index_path)
+                    self._open_index()
                 finally:
                     self._opening = False
+        assert self._index is not None
         return self._index
+
+    def _open_index(self) -> None:
+        """Open the index, or rebuild it from the item files when it cannot answer truthfully."""
+        self._check_index_path()
+        problem = None
+        missing = f"no catalog index at {self.index_path}"
+        if not self.index_path.exists():
+            problem = missing if self.lake.scene_ids() else None
+        elif _empty_database(self.index_path):
+            problem = f"{self.index_path} is empty (0 bytes): it would answer 0 items" if self.lake.scene_ids() else None
+        else:
+            try:
+                self._index = CatalogIndex(self.index_path)
+            except CorruptIndexError as exc:
+                problem = str(exc)
+        if problem is not None:  # a missing index is expected (a copied or pre-catalog lake): no warning for it
+            self._rebuild(problem, logging.INFO if problem == missing else logging.WARNING)
+        if self._index is None:
+            self._index = CatalogIndex(self.index_path)
+
+    def _check_index_path(self) -> None:
+        """Refuse an index path that is not a regular file: it is not ours to delete."""
+        path = self.index_path
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise CatalogError(
+                f"{path} is {kind}, not the catalog index; cubelake does not delete it. Move it away "
+                f"(mv '{path}' '{path}.moved'), then run 'cubelake catalog reindex --lake {self.root}'")
+
+    def _rebuild(self, why: str, level: int = logging.WARNING) -> None:
+        """Rebuild the index from the item files, saying why (on the log, which the CLI shows on stderr)."""
+        log.log(level, "%s; rebuilding the catalog index from the item files", why)
+        try:
+            report = self.reindex()
+        except OSError as exc:
+            raise CatalogError(f"{why}; rebuilding it failed ({exc}); run 'cubelake catalog reindex --lake "
+                               f"{self.root}' where the lake is writable") from exc
+        for path, skipped in report.corrupt:
+            log.warning("%s: skipped: %s", path, skipped)
+        log.log(level, "%s: catalog index rebuilt with %d item(s)", self.root, report.indexed)
+
+    def _rebuilt_if_damaged(self, op: Callable[[], _T]) -> _T:
+        """Run ``op``; if the index turns out damaged, rebuild it from the item files and run ``op`` again."""
+        try:
+            return op()
+        except CorruptIndexError as exc:
+            self.close()
+            self._rebuild(str(exc))
+            return op()
 
     def close(self) -> None:
         if self._index is not None:
@@ -179,6 +263,9 @@ class LakeCatalog:
     def publish(self, scene_id: str) -> dict[str, Any]:
         """Index the published ``scenes/<id>/item.json`` and link it from its collection."""
         item = read_item(self.item_path(scene_id))
+        return self._rebuilt_if_damaged(lambda: self._publish(scene_id, item))
+
+    def _publish(self, scene_id: str, item: dict[str, Any]) -> dict[str, Any]:
         _ = self.index  # open (or build) it before taking the lock that building takes
         with self.lake.lock(_LOCK):
             old = self.index.get(scene_id)
@@ -189,6 +276,9 @@ class LakeCatalog:
         return item
 
     def unpublish(self, scene_id: str) -> bool:
+        return self._rebuilt_if_damaged(lambda: self._unpublish(scene_id))
+
+    def _unpublish(self, scene_id: str) -> bool:
         _ = self.index
         with self.lake.lock(_LOCK):
             old = self.index.get(scene_id)
@@ -269,16 +359,19 @@ class LakeCatalog:
             marker.unlink(missing_ok=True)
             return line
 
-    def reindex(self, progress: Callable[[int, int], None] | None = None) -> ReindexReport:
+    def reindex(self, progress: Callable[[int, int], None] | None = None, *,
+                rebuild_items: bool = False) -> ReindexReport:
         """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
 
         A scene with a record but no item (a lake from before the catalog) gets its item built
-        from ``scene.json``. The new index is built aside, then copied into the live one with
-        SQLite's backup API, in one transaction: other processes that have the index open see the
-        old or the new content, never a file swapped under them (renaming or deleting a database
-        in use, with its WAL, is how SQLite files get corrupted). Only an index SQLite cannot
-        open at all is replaced by a rename.
+        from ``scene.json``; ``rebuild_items`` rebuilds every item from its record (after an
+        upgrade changed how items are written). The new index is built aside, then copied into the
+        live one with SQLite's backup API, in one transaction: other processes that have the index
+        open see the old or the new content, never a file swapped under them (renaming or deleting
+        a database in use, with its WAL, is how SQLite files get corrupted). Only an index SQLite
+        cannot open at all is replaced by a rename.
         """
+        self._check_index_path()
         report = ReindexReport()
         tmp = self.root / f".{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
         with self.lake.lock(_LOCK):
@@ -289,28 +382,9 @@ class LakeCatalog:
                     for n, sid in enumerate(ids, 1):
                         if progress:
                             progress(n, len(ids))
-                        path = self.item_path(sid)
-                        if not path.exists():
-                            record = self.lake.scene_record(sid)
-                            if record is None:
-                                continue
-                            atomic_write_text(path, json.dumps(item_from_record(record), indent=1) + "\n")
-                            report.built.append(sid)
-                        try:
-                            item = read_item(path)
-                        except CorruptItemError as exc:
-                            log.warning("%s", exc)
-                            report.corrupt.append((str(path), str(exc).removeprefix(f"{path}: ")))
-                            continue
-                        if item["id"] != sid:
-                            report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
-                            continue
-                        try:
-                            index_rows(item, None)  # values the index cannot take (a bad time, a bad bbox)
-                        except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
-                            report.corrupt.append((str(path), f"not indexable: {exc}"))
-                            continue
-                        yield item
+                        item = self._reindex_item(sid, report, rebuild_items)
+                        if item is not None:
+                            yield item
 
                 report.indexed = fresh.insert_items(items(), batch_size=1000,
                                                     href=lambda item: self.item_href(item["id"]))
@@ -322,14 +396,53 @@ class LakeCatalog:
             fresh.close()
             self.close()
             self._swap_in(tmp)
+            # open it here, not through ``index``: that takes the index-creation lock, which is taken
+            # before this one where ``index`` rebuilds (the other order could deadlock two processes)
+            self._index = CatalogIndex(self.index_path)
             old_dirs = {p.name for p in (self.root / "collections").glob("*") if p.is_dir()}
             self._write_collections(old_dirs | set(self.index.collections()))
             for d in old_dirs - set(self.index.collections()):
                 shutil.rmtree(self.root / "collections" / d, ignore_errors=True)
         return report
 
+    def _reindex_item(self, sid: str, report: ReindexReport, rebuild: bool) -> dict[str, Any] | None:
+        """The item of scene ``sid`` for a reindex (built from its record if missing or asked), or ``None``."""
+        path = self.item_path(sid)
+        if rebuild or not path.exists():
+            # an ingest rewriting this scene holds its lock and writes a new item anyway: leave it be
+            # (waiting for it here, under the catalog lock it needs next, would deadlock)
+            with self.lake.lock(sid, blocking=False) as held:
+                record = self.lake.scene_record(sid) if held else None
+                try:
+                    text = item_json(item_from_record(record)) if record is not None else None
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    log.warning("%s: no item can be built from this scene record (%r); keeping its item file",
+                                self.lake.scene_dir(sid) / "scene.json", exc)
+                    text = None
+                if text is not None:
+                    atomic_write_text(path, text)
+                    report.built.append(sid)
+            if not path.exists():
+                return None
+        try:
+            item = read_item(path)
+        except CorruptItemError as exc:
+            log.warning("%s", exc)
+            report.corrupt.append((str(path), str(exc).removeprefix(f"{path}: ")))
+            return None
+        if item["id"] != sid:
+            report.corrupt.append((str(path), f"id {item['id']!r} differs from its folder {sid!r}"))
+            return None
+        try:
+            index_rows(item, None)  # values the index cannot take (a bad time, a bad bbox)
+        except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
+            report.corrupt.append((str(path), f"not indexable: {exc}"))
+            return None
+        return item
+
     def _swap_in(self, built: Path) -> None:
         """Make ``built`` the index (caller holds the catalog lock), then remove it."""
+        self._check_index_path()
         try:
             live = CatalogIndex(self.index_path) if self.index_path.exists() else None
         except CatalogError as exc:
@@ -340,41 +453,94 @@ class LakeCatalog:
                 src = sqlite3.connect(built)
                 try:
                     src.backup(live.db)
+                except sqlite3.DatabaseError as exc:  # a damaged live file can refuse the copy: replace it
+                    log.warning("%s: copying the rebuilt index in failed (%s); replacing the file", self.index_path, exc)
+                    live.close()
+                    live = None
                 finally:
                     src.close()
-                    live.close()
-            else:
+                    if live is not None:
+                        live.close()
+            if live is None:
                 _remove_database(self.index_path, ("-wal", "-shm"))  # leftovers of an unreadable index
                 os.replace(built, self.index_path)
         finally:
             _remove_database(built)
 
+    # -- checking ----------------------------------------------------------------
+    def validate(self, schema_dirs: Sequence[str | Path] = (),
+                 progress: Callable[[int, int], None] | None = None) -> StacReport:
+        """Check the root catalog, every collection and every item file against the official STAC schemas, offline.
+
+        ``schema_dirs``: folders of extra (or replacement) official schema copies, by ``$id``.
+        """
+        from .validate import stac_registry, validate_stac
+
+        registry = stac_registry(schema_dirs)
+        paths = [self.root / "catalog.json", *sorted((self.root / "collections").glob("*/collection.json")),
+                 *(self.item_path(sid) for sid in self.lake.scene_ids())]
+        report = StacReport()
+        for n, path in enumerate(paths, 1):
+            if progress:
+                progress(n, len(paths))
+            if not path.exists():
+                continue
+            report.checked += 1
+            try:
+                obj = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                report.invalid[str(path)] = [f"unreadable JSON ({exc})"]
+                continue
+            problems = validate_stac(obj, registry) if isinstance(obj, dict) else ["not a JSON object"]
+            if problems:
+                report.invalid[str(path)] = problems
+        return report
+
     # -- reading ---------------------------------------------------------------
     def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
-        return self.index.search(query)
+        return self._rebuilt_if_damaged(lambda: self.index.search(query))
 
     def get(self, item_id: str) -> dict[str, Any]:
         """The full item JSON of ``item_id``; raises :class:`ItemNotFoundError`."""
-        hit = self.index.get(item_id)
+        hit = self._rebuilt_if_damaged(lambda: self.index.get(item_id))
         if hit is None or not hit.href:
             raise ItemNotFoundError(f"no item {item_id!r} in the catalog of {self.root}; list them with "
                                     "'cubelake catalog search'")
         return read_item(self.root / hit.href)
 
-    def items(self, hits: list[SearchHit]) -> list[dict[str, Any]]:
-        return [read_item(self.root / h.href) for h in hits if h.href]
+    def items(self, hits: list[SearchHit], *, absolute: bool = False) -> list[dict[str, Any]]:
+        """The item dicts of ``hits``; ``absolute``: hrefs made absolute, with a ``self`` link (usable elsewhere)."""
+        return [self._item(h.href, absolute) for h in hits if h.href]
+
+    def _item(self, href: str, absolute: bool) -> dict[str, Any]:
+        path = self.root / href
+        item = read_item(path)
+        return with_absolute_hrefs(item, str(path.resolve())) if absolute else item
+
+    def item_collection(self, hits: list[SearchHit], *, matched: int | None = None) -> dict[str, Any]:
+        """A STAC ItemCollection of ``hits`` with absolute hrefs (what ``pystac.ItemCollection.from_dict`` reads)."""
+        features = self.items(hits, absolute=True)
+        return {"type": "FeatureCollection", "features": features, "numberReturned": len(features),
+                **({"numberMatched": matched} if matched is not None else {}), "links": []}
 
     def stats(self) -> dict[str, Any]:
-        return self.index.stats()
+        return self._rebuilt_if_damaged(lambda: self.index.stats())
 
     def export_geoparquet(self, path: str | Path) -> int:
-        """Every item as one stac-geoparquet file (with the collections in its metadata); returns how many."""
+        """Every item as one stac-geoparquet file (with the collections in its metadata); returns how many.
+
+        Hrefs are absolute (each item gets a ``self`` link), so the file is usable away from the lake.
+        An empty catalog raises :class:`CatalogError` and writes nothing.
+        """
         from .export import export_geoparquet
 
-        hrefs = self.index.hrefs()
+        hrefs = [h for h in self._rebuilt_if_damaged(lambda: self.index.hrefs()).values() if h]
+        if not hrefs:
+            raise CatalogError(f"the catalog of {self.root} has no items: nothing to export, no file written; "
+                               f"ingest scenes first ('cubelake ingest SCENES --lake {self.root}')")
         collections = {}
         for c in self.index.collections():
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                 collections[c] = json.loads(self.collection_path(c).read_text())
-        items = (read_item(self.root / h) for h in hrefs.values() if h)
+        items = (self._item(h, absolute=True) for h in hrefs)
         return export_geoparquet(items, path, collections=collections or None)

@@ -26,11 +26,13 @@ from . import geohash
 from .coverage import parse_wavelength_range
 
 __all__ = ["Op", "ParsedQuery", "PropertyFilter", "Query", "parse_bbox", "parse_datetime_interval",
-           "parse_filter", "parse_query", "parse_sort"]
+           "parse_filter", "parse_intersects", "parse_query", "parse_sort"]
 
 Op = Literal["<", "<=", ">", ">=", "=", "!="]
 _FILTER = re.compile(r"^\s*([A-Za-z_][\w:.\-]*)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*$")
 BUILTIN_SORT = {"datetime", "id", "collection", "band_count"}
+_GEOMETRY_TYPES = {"Point", "MultiPoint", "LineString", "MultiLineString", "Polygon", "MultiPolygon",
+                   "GeometryCollection"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,7 @@ class Query:
     """A catalog search; every part is optional and all given parts must hold."""
 
     bbox: Sequence[float] | str | None = None  # west, south, east, north (degrees); west > east crosses 180°
-    intersects: dict[str, Any] | str | None = None  # GeoJSON geometry (or its JSON text), WGS84
+    intersects: BaseGeometry | dict[str, Any] | str | None = None  # GeoJSON geometry/Feature(Collection) or text, WGS84
     datetime: str | tuple[str | None, str | None] | None = None  # "a/b", "../b", "a/..", "2022-07"
     collections: Sequence[str] | str = ()
     ids: Sequence[str] | str = ()
@@ -207,21 +209,48 @@ def parse_sort(keys: Sequence[str]) -> tuple[tuple[str, bool], ...]:
     return tuple(out)
 
 
-def _geometry(value: dict[str, Any] | str) -> BaseGeometry:
+def _geojson_shape(doc: Any) -> BaseGeometry:
+    """A shapely geometry of a GeoJSON geometry, Feature or FeatureCollection (the union of its geometries)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a GeoJSON object, got a JSON {type(doc).__name__}")
+    kind = doc.get("type")
+    if kind == "FeatureCollection":
+        features = doc.get("features")
+        if not isinstance(features, list):
+            raise ValueError("a FeatureCollection without a 'features' list")
+        parts = [_geojson_shape(f) for f in features if isinstance(f, dict) and f.get("geometry") is not None]
+        if not parts:
+            raise ValueError("a FeatureCollection with no feature geometry")
+        return shapely.union_all(parts)
+    if kind == "Feature":
+        if not isinstance(doc.get("geometry"), dict):
+            raise ValueError("a Feature without a geometry")
+        return _geojson_shape(doc["geometry"])
+    if kind not in _GEOMETRY_TYPES:
+        raise ValueError(f"type {kind!r} is not a GeoJSON geometry, Feature or FeatureCollection")
+    return shape(doc)
+
+
+def parse_intersects(value: dict[str, Any] | str, source: str = "intersects") -> BaseGeometry:
+    """The search geometry of GeoJSON (object or text): a geometry, a Feature or a FeatureCollection (their union).
+
+    ``source`` names where it came from (a file name) in the error.
+    """
     try:
         doc = json.loads(value) if isinstance(value, str) else value
-        if doc.get("type") == "Feature":
-            doc = doc["geometry"]
-        geom = shape(doc)
-    except (ValueError, TypeError, KeyError, AttributeError, shapely.errors.GEOSException) as exc:
-        raise CatalogQueryError(f"intersects: not a GeoJSON geometry ({exc})") from None
+        geom = _geojson_shape(doc)
+    except RecursionError:
+        raise CatalogQueryError(f"{source}: GeoJSON nested too deeply to be a geometry") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, shapely.errors.ShapelyError) as exc:
+        raise CatalogQueryError(f"{source}: not usable as a search geometry ({exc}); give a GeoJSON geometry, "
+                                "Feature or FeatureCollection in WGS84 lon/lat") from None
     if geom.is_empty:
-        raise CatalogQueryError("intersects: the geometry is empty")
+        raise CatalogQueryError(f"{source}: the geometry is empty")
     if not geom.is_valid:
         geom = shapely.make_valid(geom)
     w, s, e, n = geom.bounds
-    if w < -180 or e > 180 or s < -90 or n > 90:
-        raise CatalogQueryError(f"intersects: coordinates must be WGS84 lon/lat degrees; bounds are {geom.bounds}")
+    if not all(math.isfinite(v) for v in (w, s, e, n)) or w < -180 or e > 180 or s < -90 or n > 90:
+        raise CatalogQueryError(f"{source}: coordinates must be WGS84 lon/lat degrees; bounds are {geom.bounds}")
     return geom
 
 
@@ -239,7 +268,7 @@ def parse_query(q: Query) -> ParsedQuery:
         boxes = _boxes(w, s, e, n)
         geom = shapely.union_all([box(*b) for b in boxes])
     if q.intersects is not None:
-        g = _geometry(q.intersects)
+        g = q.intersects if isinstance(q.intersects, BaseGeometry) else parse_intersects(q.intersects)
         geom = g if geom is None else shapely.intersection(geom, g)
         # a bbox disjoint from the geometry matches nothing: the empty geometry fails every exact test
         # (the point box alone would still let through items covering 0°, 0°)

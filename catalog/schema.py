@@ -10,6 +10,7 @@ from typing import Final
 
 __all__ = [
     "ASSET_MEDIA_TYPES",
+    "AZIMUTHS",
     "BANDS",
     "CATALOG_ID",
     "CB_BAND_COUNT",
@@ -23,9 +24,12 @@ __all__ = [
     "CB_PROFILE",
     "CB_QUALITY",
     "CB_VALIDATION",
+    "DATA_TYPES",
     "EXTENSIONS",
+    "EXTENSION_PREFIXES",
     "GEOHASH_PRECISION",
     "PROMOTED",
+    "PROPERTY_RANGES",
     "STAC_VERSION",
     "source_media_type",
 ]
@@ -37,8 +41,10 @@ EXT_EO: Final = "https://stac-extensions.github.io/eo/v2.0.0/schema.json"
 EXT_PROJ: Final = "https://stac-extensions.github.io/projection/v2.0.0/schema.json"
 EXT_RASTER: Final = "https://stac-extensions.github.io/raster/v2.0.0/schema.json"
 EXT_FILE: Final = "https://stac-extensions.github.io/file/v2.1.0/schema.json"
-EXT_VIEW: Final = "https://stac-extensions.github.io/view/v1.0.0/schema.json"
-EXTENSIONS: Final = (EXT_EO, EXT_PROJ, EXT_RASTER, EXT_FILE)
+EXT_VIEW: Final = "https://stac-extensions.github.io/view/v1.1.0/schema.json"
+EXTENSIONS: Final = (EXT_EO, EXT_PROJ, EXT_RASTER, EXT_FILE, EXT_VIEW)
+#: An object declares exactly the extensions whose field prefixes it uses (each has a bundled schema).
+EXTENSION_PREFIXES: Final = {"eo": EXT_EO, "proj": EXT_PROJ, "raster": EXT_RASTER, "file": EXT_FILE, "view": EXT_VIEW}
 
 # STAC 1.1 common metadata and extension fields
 BANDS: Final = "bands"
@@ -54,6 +60,15 @@ FILE_SIZE: Final = "file:size"
 FILE_CHECKSUM: Final = "file:checksum"
 RASTER_SCALE: Final = "raster:scale"
 RASTER_OFFSET: Final = "raster:offset"
+#: STAC 1.1 ``data_type`` values (data-values.json)
+DATA_TYPES: Final = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                               "float32", "float64", "cint16", "cint32", "cfloat32", "cfloat64", "other"})
+#: properties whose extension bounds their value (a value outside is left out of the item)
+PROPERTY_RANGES: Final = {EO_CLOUD: (0.0, 100.0), "eo:snow_cover": (0.0, 100.0), "view:off_nadir": (0.0, 90.0),
+                          "view:incidence_angle": (0.0, 90.0), "view:sun_elevation": (-90.0, 90.0),
+                          "view:moon_elevation": (0.0, 90.0)}
+#: angles the view extension wants in 0..360 (Landsat gives -180..180): taken modulo 360
+AZIMUTHS: Final = frozenset({"view:azimuth", "view:sun_azimuth", "view:moon_azimuth"})
 
 # cubelake fields
 CB_PROFILE: Final = "cubelake:profile"

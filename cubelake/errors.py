@@ -11,6 +11,7 @@ __all__ = [
     "CatalogQueryError",
     "ConfigError",
     "ContentMismatchError",
+    "CorruptIndexError",
     "CorruptItemError",
     "CubelakeError",
     "GridMismatchError",
@@ -104,6 +105,10 @@ class CatalogError(CubelakeError):
 
 class CatalogQueryError(CatalogError, ValueError):
     """A search is malformed: bad bbox, datetime, wavelength range, filter, sort key or property."""
+
+
+class CorruptIndexError(CatalogError):
+    """The catalog's SQLite index is damaged, empty or of another schema version: rebuild it from the items."""
 
 
 class CorruptItemError(CatalogError, ValueError):

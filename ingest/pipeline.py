@@ -27,7 +27,7 @@ import numpy as np
 import rasterio
 
 from cubelake import __version__
-from cubelake.catalog.items import ITEM_FILE, item_from_record
+from cubelake.catalog.items import ITEM_FILE, item_from_record, item_json
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.errors import (
     CatalogError,
@@ -713,7 +713,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         item = item_from_record(record)
         atomic_write_text(staged / "validation.json", report.to_json() + "\n")
         atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
-        atomic_write_text(staged / ITEM_FILE, json.dumps(item, indent=1, allow_nan=False) + "\n")
+        atomic_write_text(staged / ITEM_FILE, item_json(item))
         emit("publish")
         with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
             fault_point("before-products", scene_id)

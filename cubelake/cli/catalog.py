@@ -1,13 +1,22 @@
-"""``cubelake catalog``: search, show, stats, reindex and export the lake's STAC catalog."""
+"""``cubelake catalog``: search, show, stats, validate, reindex and export the lake's STAC catalog."""
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+from shapely.geometry.base import BaseGeometry
 
+from cubelake.catalog.index import SearchHit
 from cubelake.catalog.lake import LakeCatalog
+from cubelake.catalog.query import parse_intersects
 from cubelake.errors import CatalogQueryError, CubelakeError
 
 from ._render import (
@@ -31,11 +40,16 @@ class SearchFormat(StrEnum):
     table = "table"
     json = "json"
     geojson = "geojson"
+    summary = "summary"
 
 
 class TextOrJson(StrEnum):
     text = "text"
     json = "json"
+
+
+#: --intersects files larger than this are refused (a field outline is kilobytes)
+MAX_GEOJSON_BYTES = 64 * 1024 * 1024
 
 
 def _fail(exc: CubelakeError) -> typer.Exit:
@@ -50,20 +64,68 @@ def _open(lake: Path) -> LakeCatalog:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
 
 
-def _intersects(value: str | None) -> str | None:
-    if value is None or value.lstrip().startswith("{"):
-        return value
+def _intersects(value: str | None) -> BaseGeometry | None:
+    """The --intersects geometry: GeoJSON text, or a file holding a geometry, Feature or FeatureCollection."""
+    if value is None:
+        return None
+    if value.lstrip().startswith("{"):
+        return parse_intersects(value, "--intersects")
     path = Path(value)
     if not path.is_file():
-        raise typer.BadParameter(f"{value}: neither GeoJSON text nor a GeoJSON file", param_hint="--intersects")
-    return path.read_text()
+        raise CatalogQueryError(f"--intersects {value}: neither GeoJSON text nor a GeoJSON file "
+                                f"({'not a regular file' if path.exists() else 'no such file'})")
+    try:
+        if path.stat().st_size > MAX_GEOJSON_BYTES:
+            raise CatalogQueryError(f"{value}: {path.stat().st_size} bytes is too large for a search geometry "
+                                    f"(at most {MAX_GEOJSON_BYTES} bytes); simplify it first")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogQueryError(f"{value}: cannot be read as GeoJSON text ({exc})") from None
+    return parse_intersects(text, value)
+
+
+def _when(hit: SearchHit) -> str:
+    """The acquisition time in full: the instant, the START/END interval, or 'unknown'."""
+    p = hit.properties
+    if p.get("cubelake:datetime_source") == "unknown":
+        return "unknown"
+    if hit.datetime:
+        return hit.datetime
+    return f"{p.get('start_datetime', '..')}/{p.get('end_datetime', '..')}"
+
+
+def _table(hits: list[SearchHit]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name, justify in (("id", "left"), ("collection", "left"), ("datetime", "left"), ("bands", "right"),
+                          ("nm covered", "left"), ("cloud", "right"), ("bbox", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for h in hits:
+        p = h.properties
+        cov = p.get("cubelake:wavelength_coverage_nm") or []
+        span = f"{cov[0][0]:.0f}-{cov[-1][1]:.0f} ({len(cov)} part{'s' if len(cov) != 1 else ''})" if cov else "-"
+        cloud = p.get("eo:cloud_cover")
+        box_text = ",".join(f"{v:.3f}" for v in h.bbox) if h.bbox else "-"
+        table.add_row(Text(h.id), Text(h.collection), Text(_when(h)), str(h.band_count), span,
+                      "-" if cloud is None else f"{cloud:g}", box_text)
+    return table
+
+
+def _print_table(hits: list[SearchHit]) -> None:
+    """The table at its own width, on a terminal too: no cell is ever cut, folded or dropped (a narrow
+    terminal wraps whole lines; a pipe, a file or CI gets one line per item)."""
+    table = _table(hits)
+    wide = Console(file=sys.stdout, highlight=False, width=100_000)
+    out = Console(file=sys.stdout, highlight=False, soft_wrap=True,
+                  width=Measurement.get(wide, wide.options, table).maximum)
+    out.print(table)
+    out.print(f"{len(hits)} item(s)")
 
 
 @catalog_app.command("search")
 def search_cmd(
     lake: Path = LAKE,
     bbox: str | None = typer.Option(None, "--bbox", help="west,south,east,north in degrees (use --bbox=-10,... for a negative west)."),
-    intersects: str | None = typer.Option(None, "--intersects", help="GeoJSON geometry (text or file), WGS84."),
+    intersects: str | None = typer.Option(None, "--intersects", help="GeoJSON (text or file): a geometry, Feature or FeatureCollection (their union), WGS84."),
     datetime: str | None = typer.Option(None, "--datetime", "-t", help="START/END, '..' for an open end; 2022-06/2022-08, 2022."),
     collection: list[str] = typer.Option([], "--collection", "-c", help="Collection (sensor profile); repeatable."),
     ids: list[str] = typer.Option([], "--id", help="Item id; repeatable."),
@@ -73,7 +135,7 @@ def search_cmd(
     filters: list[str] = typer.Option([], "--filter", "-f", help="PROPERTY OP VALUE, e.g. 'eo:cloud_cover<10'; repeatable."),
     sort: list[str] = typer.Option([], "--sort", "-s", help="datetime, id, collection or a property; '-' prefix = descending."),
     limit: int | None = typer.Option(None, "--limit", "-n", help="At most this many items."),
-    fmt: SearchFormat = typer.Option(SearchFormat.table, "--format", help="table, json, or geojson (a FeatureCollection of the items)."),
+    fmt: SearchFormat = typer.Option(SearchFormat.table, "--format", help="table; json (= geojson): a STAC ItemCollection with absolute hrefs; summary: one compact record per item."),
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
 ) -> None:
@@ -86,28 +148,15 @@ def search_cmd(
             hits = cat.search(Query(bbox=bbox, intersects=_intersects(intersects), datetime=datetime,
                                     collections=collection, ids=ids, wavelength_nm=wavelength, min_bands=min_bands,
                                     geohash=geohash, filters=filters, sort=sort, limit=limit))
-            if fmt is SearchFormat.geojson:
-                print_json({"type": "FeatureCollection", "features": cat.items(hits), "numberReturned": len(hits),
-                            **({"numberMatched": len(hits)} if limit is None else {})})
+            if fmt in (SearchFormat.json, SearchFormat.geojson):
+                print_json(cat.item_collection(hits, matched=len(hits) if limit is None else None))
                 return
         except CubelakeError as exc:
             raise _fail(exc) from None
-    if fmt is SearchFormat.json:
+    if fmt is SearchFormat.summary:
         print_json([h.to_dict() for h in hits])
         return
-    out = out_console()
-    out.print(f"{'id':<36} {'collection':<20} {'datetime':<20} {'bands':>5} {'nm covered':<22} {'cloud':>5}  bbox")
-    for h in hits:
-        p = h.properties
-        cov = p.get("cubelake:wavelength_coverage_nm") or []
-        span = f"{cov[0][0]:.0f}-{cov[-1][1]:.0f} ({len(cov)} part{'s' if len(cov) != 1 else ''})" if cov else "-"
-        when = (h.datetime or (f"{p.get('start_datetime', '')[:10]}..{p.get('end_datetime', '')[:10]}"
-                               if p.get("cubelake:datetime_source") != "unknown" else "unknown"))
-        cloud = p.get("eo:cloud_cover")
-        box = ",".join(f"{v:.3f}" for v in h.bbox) if h.bbox else "-"
-        out.print(f"{escape(h.id):<36} {escape(h.collection):<20} {escape(str(when)[:20]):<20} {h.band_count:>5} "
-                  f"{span:<22} {('-' if cloud is None else f'{cloud:g}'):>5}  {box}")
-    out.print(f"{len(hits)} item(s)")
+    _print_table(hits)
 
 
 @catalog_app.command("show")
@@ -156,6 +205,7 @@ def stats_cmd(
 @catalog_app.command("reindex")
 def reindex_cmd(
     lake: Path = LAKE,
+    rebuild_items: bool = typer.Option(False, "--rebuild-items", help="Also rewrite every item.json from its scene.json (after an upgrade of cubelake)."),
     fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
@@ -164,7 +214,7 @@ def reindex_cmd(
     configure_output(verbose, quiet)
     with _open(lake) as cat:
         try:
-            report = cat.reindex()
+            report = cat.reindex(rebuild_items=rebuild_items)
         except CubelakeError as exc:
             raise _fail(exc) from None
     if fmt is TextOrJson.json:
@@ -173,7 +223,7 @@ def reindex_cmd(
         out = out_console()
         out.print(f"indexed {report.indexed} item(s)")
         for sid in report.built:
-            out.print(f"  built item {escape(sid)} from its scene record (it had none)")
+            out.print(f"  built item {escape(sid)} from its scene record")
         for path, why in report.corrupt:
             err_console().print(f"[red]skipped[/red] {escape(path)}: {escape(why)}")
     if report.corrupt:
@@ -195,3 +245,38 @@ def export_cmd(
         except (CubelakeError, OSError) as exc:
             raise _fail(exc if isinstance(exc, CubelakeError) else CubelakeError(f"{output}: {exc}")) from None
     out_console().print(f"{n} item(s) -> {escape(str(output))}")
+
+
+@catalog_app.command("validate")
+def validate_cmd(
+    lake: Path = LAKE,
+    schemas: list[Path] = typer.Option([], "--schemas", help="Folder of extra official schema copies (JSON, by $id); repeatable."),
+    fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
+) -> None:
+    """Check catalog.json, every collection and every item against the official STAC 1.1 schemas (offline).
+
+    Exit 1 if any is invalid (each is named with its problems).
+    """
+    configure_output(verbose, quiet)
+    for folder in schemas:
+        if not folder.is_dir():
+            raise typer.BadParameter(f"{folder}: not a folder of JSON schemas", param_hint="--schemas")
+    with _open(lake) as cat:
+        try:
+            report = cat.validate(schemas)
+        except (CubelakeError, OSError, ValueError) as exc:
+            raise _fail(exc if isinstance(exc, CubelakeError) else CubelakeError(f"{lake}: {exc}")) from None
+    if fmt is TextOrJson.json:
+        print_json(report.to_dict())
+    else:
+        out = out_console()
+        out.print(f"{report.checked} STAC file(s) checked: {report.checked - len(report.invalid)} valid, "
+                  f"{len(report.invalid)} invalid")
+        for path, problems in report.invalid.items():
+            err_console().print(f"[red]invalid[/red] {escape(path)}")
+            for problem in problems:
+                err_console().print(f"    {escape(problem)}")
+    if not report.ok:
+        raise typer.Exit(1)

@@ -19,6 +19,10 @@ from cubelake.ingest import IngestOptions, Outcome, ingest
 
 from ..conftest import REAL
 
+#: The official STAC extension schemas shared with the project (found like the real data: ../shared next
+#: to the checkout); tests that need them fail, not skip, when they are missing.
+SHARED_SCHEMAS = REAL.parent.parent / "schemas" / "stac-extensions"
+
 #: The real scenes of the session lake, by kind (paths relative to the real-data folder).
 REAL_SCENES: dict[str, tuple[str, ...]] = {
     # four 32x32 EnMAP L2A tiles over Potsdam, georeferenced, start_time tag 2022-07-24T10:45:26
@@ -70,6 +74,12 @@ def real_ingest(tmp_path_factory: pytest.TempPathFactory) -> RealLake:
             sources[r.scene_id] = REAL / p
         ids[kind] = tuple(got)
     return RealLake(root, ids, sources, seconds)
+
+
+@pytest.fixture(scope="session")
+def shared_schemas() -> Path:
+    assert (SHARED_SCHEMAS / "eo.json").is_file(), f"official STAC extension schemas not found at {SHARED_SCHEMAS}"
+    return SHARED_SCHEMAS
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +143,15 @@ class Synth:
         if self.geometry is not None:
             item["bbox"] = list(self.bbox) if self.bbox is not None else list(self.geometry.bounds)
         return item
+
+
+def bands_of(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """An item's bands as STAC 1.1 puts them: on its data assets (all list the same), else in its properties."""
+    lists = [a["bands"] for a in item.get("assets", {}).values() if "data" in a.get("roles", []) and "bands" in a]
+    for other in lists[1:]:
+        assert [(b["name"], b.get("eo:center_wavelength")) for b in other] == \
+            [(b["name"], b.get("eo:center_wavelength")) for b in lists[0]], item["id"]
+    return lists[0] if lists else item["properties"].get("bands", [])
 
 
 def synth_item(sid: str, **kw: Any) -> dict[str, Any]:

@@ -4,12 +4,20 @@ and the files ``reindex`` and ``export`` write (read back with geopandas and Duc
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import geopandas
+import pyarrow.parquet as pq
+import pystac
 import pytest
+import rasterio
+import stac_geoparquet.arrow as sga
+import zarr
 from shapely.geometry import shape
 from typer.testing import CliRunner
 
@@ -17,7 +25,7 @@ from cubelake.catalog import Query
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.cli import app
 
-from .conftest import RealLake
+from .conftest import RealLake, bands_of
 
 runner = CliRunner()
 
@@ -31,13 +39,26 @@ def item_files(lake: Path) -> dict[str, dict[str, Any]]:
 
 
 def search_json(lake: Path, *args: str) -> list[dict[str, Any]]:
-    res = cli("search", "--lake", str(lake), "--format", "json", *args)
+    """The compact per-item records of ``--format summary``."""
+    res = cli("search", "--lake", str(lake), "--format", "summary", *args)
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
 
+def with_absolute_hrefs(item: dict[str, Any], scene_dir: Path) -> dict[str, Any]:
+    """What search and export should make of an item file: hrefs absolute, a self link first."""
+    out = json.loads(json.dumps(item))
+    for a in out["assets"].values():
+        if not os.path.isabs(a["href"]):
+            a["href"] = os.path.normpath(scene_dir / a["href"])
+    for lk in out["links"]:
+        lk["href"] = os.path.normpath(scene_dir / lk["href"])
+    out["links"].insert(0, {"rel": "self", "href": str(scene_dir / "item.json"), "type": "application/geo+json"})
+    return out
+
+
 # -- search --------------------------------------------------------------------------------------------
-def test_search_json_geojson_and_table_agree(real_lake: Path, real_ingest: RealLake) -> None:
+def test_search_summary_json_and_table_agree(real_lake: Path, real_ingest: RealLake) -> None:
     hits = search_json(real_lake)
     ids = [h["id"] for h in hits]
     assert sorted(ids) == real_ingest.all_ids
@@ -47,29 +68,72 @@ def test_search_json_geojson_and_table_agree(real_lake: Path, real_ingest: RealL
     for h in hits:
         assert h["collection"] == files[h["id"]]["collection"]
         assert h["href"] == f"scenes/{h['id']}/item.json"
-        assert h["band_count"] == len(files[h["id"]]["properties"]["bands"])
+        assert h["band_count"] == len(bands_of(files[h["id"]]))
 
-    res = cli("search", "--lake", str(real_lake), "--format", "geojson")
-    assert res.exit_code == 0, res.output
-    fc = json.loads(res.stdout)
-    assert fc["type"] == "FeatureCollection"
-    assert fc["numberMatched"] == fc["numberReturned"] == len(ids)
-    assert [f["id"] for f in fc["features"]] == ids
-    assert fc["features"] == [files[i] for i in ids]  # the full items, as on disk
+    for fmt in ("json", "geojson"):  # the same STAC ItemCollection
+        res = cli("search", "--lake", str(real_lake), "--format", fmt)
+        assert res.exit_code == 0, res.output
+        fc = json.loads(res.stdout)
+        assert fc["type"] == "FeatureCollection"
+        assert fc["numberMatched"] == fc["numberReturned"] == len(ids)
+        assert [f["id"] for f in fc["features"]] == ids
+        # the items as on disk, with absolute hrefs and a self link
+        assert fc["features"] == [with_absolute_hrefs(files[i], real_lake.resolve() / "scenes" / i) for i in ids]
 
     res = cli("search", "--lake", str(real_lake))
     assert res.exit_code == 0, res.output
     lines = res.stdout.strip().splitlines()
     assert lines[0].split()[:3] == ["id", "collection", "datetime"]
+    assert set(lines[1]) == {"─"}
     assert lines[-1] == f"{len(ids)} item(s)"
-    rows = {line.split()[0]: line for line in lines[1:-1]}
+    rows = {line.split()[0]: line for line in lines[2:-1]}
     assert list(rows) == ids
     for sid in real_ingest.ids["enmap"]:
-        assert "2022-07-24T10:45:26Z" in rows[sid]
-        assert f" {len(files[sid]['properties']['bands'])} " in rows[sid]
+        assert " 2022-07-24T10:45:26Z " in rows[sid]
+        assert f" {len(bands_of(files[sid]))} " in rows[sid]
     assert " unknown " in rows[real_ingest.ids["samson"][0]]
     for sid in real_ingest.ids["landsat"]:
         assert f"{files[sid]['properties']['eo:cloud_cover']:g}" in rows[sid].split()
+
+
+def test_table_shows_full_datetimes(real_lake: Path, real_ingest: RealLake) -> None:
+    """Landsat times have microseconds (27 characters); the table once cut them at 20."""
+    files = item_files(real_lake)
+    res = cli("search", "--lake", str(real_lake), "--collection", "landsat8-oli")
+    assert res.exit_code == 0, res.output
+    rows = res.stdout.strip().splitlines()[2:-1]
+    assert len(rows) == len(real_ingest.ids["landsat"]) == 2
+    for row in rows:
+        sid, _, when = row.split()[:3]
+        assert when == files[sid]["properties"]["datetime"]
+        assert len(when) == len("2014-10-22T04:37:48.705294Z")
+        assert "…" not in row
+
+
+def test_search_json_is_an_item_collection_usable_from_anywhere(real_lake: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lake given relative to where the command runs; the hrefs must not depend on it
+    monkeypatch.chdir(real_lake.parent)
+    res = cli("search", "--lake", real_lake.name, "--format", "json", "--collection", "enmap-l2a")
+    assert res.exit_code == 0, res.output
+    ic = pystac.ItemCollection.from_dict(json.loads(res.stdout))
+    assert len(ic) == 4
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for item in ic:
+        assert item.get_self_href() == str(real_lake.resolve() / "scenes" / item.id / "item.json")
+        for key, asset in item.assets.items():
+            assert os.path.isabs(asset.href), (item.id, key, asset.href)
+            assert os.path.exists(asset.href), (item.id, key, asset.href)
+        with rasterio.open(item.assets["cog"].href) as src:
+            assert src.count == len(item.assets["cog"].extra_fields["bands"])
+        group = zarr.open_group(item.assets["zarr"].href, mode="r")
+        assert group["data"].shape[0] == src.count
+        # pystac resolves the links: the collection it names is the one on disk
+        coll = item.get_collection()
+        assert coll is not None
+        assert coll.id == "enmap-l2a"
 
 
 def test_search_options_reach_the_query(real_lake: Path, real_ingest: RealLake) -> None:
@@ -146,14 +210,14 @@ def test_stats_json_and_text_equal_the_index(real_lake: Path) -> None:
     # and the index itself agrees with the item files
     files = item_files(real_lake)
     assert stats["items"] == len(files)
-    assert stats["bands"] == sum(len(it["properties"]["bands"]) for it in files.values())
+    assert stats["bands"] == sum(len(bands_of(it)) for it in files.values())
     assert stats["geohash_cells"] == sum(len(it["properties"]["cubelake:geohash6"]) for it in files.values())
     for coll, c in stats["collections"].items():
         members = [it for it in files.values() if it["collection"] == coll]
         assert c["items"] == len(members)
         assert c["georeferenced"] == sum(it["geometry"] is not None for it in members)
         assert c["unknown_time"] == sum(it["properties"]["cubelake:datetime_source"] == "unknown" for it in members)
-        counts = [len(it["properties"]["bands"]) for it in members]
+        counts = [len(bands_of(it)) for it in members]
         assert c["bands"] == [min(counts), max(counts)]
 
     res = cli("stats", "--lake", str(real_lake))
@@ -236,3 +300,97 @@ def test_export_geoparquet_reads_back_in_geopandas_and_duckdb(real_lake: Path, t
         con.close()
     assert sorted(ids) == sorted(files)
     assert ids == list(df["id"])
+
+
+def test_export_hrefs_are_absolute_and_resolve(real_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               real_ingest: RealLake) -> None:
+    monkeypatch.chdir(real_lake.parent)
+    out = tmp_path / "lake.parquet"
+    res = cli("export", "--lake", real_lake.name, "-o", str(out))
+    assert res.exit_code == 0, res.output
+    monkeypatch.chdir(tmp_path)
+    items = list(sga.stac_table_to_items(pq.read_table(out)))
+    assert sorted(it["id"] for it in items) == real_ingest.all_ids
+    files = item_files(real_lake)
+    for it in items:
+        self_links = [lk["href"] for lk in it["links"] if lk["rel"] == "self"]
+        assert self_links == [str(real_lake.resolve() / "scenes" / it["id"] / "item.json")]
+        assert json.loads(Path(self_links[0]).read_text())["id"] == it["id"]
+        assert it["assets"].keys() == files[it["id"]]["assets"].keys()
+        for key, asset in it["assets"].items():
+            assert os.path.isabs(asset["href"]), (it["id"], key)
+            assert os.path.exists(asset["href"]), (it["id"], key, asset["href"])
+        for lk in it["links"]:
+            assert os.path.isfile(lk["href"]), (it["id"], lk)
+
+
+def test_export_of_an_empty_lake_is_a_clear_error_and_writes_nothing(tmp_path: Path) -> None:
+    from cubelake.lake import Lake
+
+    Lake(tmp_path / "empty")
+    out = tmp_path / "x.parquet"
+    res = cli("export", "--lake", str(tmp_path / "empty"), "-o", str(out))
+    assert res.exit_code == 1
+    assert "has no items: nothing to export" in res.stderr
+    assert str(tmp_path / "empty") in res.stderr
+    assert not out.exists()
+    assert list(tmp_path.glob("*.parquet*")) == []
+
+
+# -- --intersects with a file ------------------------------------------------------------------------------
+def _fc(*polygons: list[list[float]]) -> dict[str, Any]:
+    return {"type": "FeatureCollection", "features": [
+        {"type": "Feature", "properties": {"field": k}, "geometry": {"type": "Polygon", "coordinates": [ring]}}
+        for k, ring in enumerate(polygons)]}
+
+
+def test_intersects_a_feature_collection_file(real_lake: Path, real_ingest: RealLake, tmp_path: Path) -> None:
+    files = item_files(real_lake)
+    enmap = shape(files[real_ingest.ids["enmap"][0]]["geometry"]).representative_point()
+    aviris = shape(files[real_ingest.ids["aviris"][0]]["geometry"]).representative_point()
+    rings = [[[p.x - 1e-4, p.y - 1e-4], [p.x + 1e-4, p.y - 1e-4], [p.x + 1e-4, p.y + 1e-4], [p.x - 1e-4, p.y + 1e-4],
+              [p.x - 1e-4, p.y - 1e-4]] for p in (enmap, aviris)]
+    field = tmp_path / "field.geojson"
+    field.write_text(json.dumps(_fc(*rings)))
+    got = {h["id"] for h in search_json(real_lake, "--intersects", str(field))}
+    expected = {sid for sid, it in files.items() if it["geometry"] and any(
+        shape(it["geometry"]).intersects(shape({"type": "Polygon", "coordinates": [r]})) for r in rings)}
+    assert real_ingest.ids["enmap"][0] in got
+    assert real_ingest.ids["aviris"][0] in got
+    assert got == expected
+    # one Feature of it, and its bare geometry, find their part only
+    one = _fc(rings[0])["features"][0]
+    for doc in (one, one["geometry"]):
+        field.write_text(json.dumps(doc))
+        assert real_ingest.ids["aviris"][0] not in {h["id"] for h in search_json(real_lake, "--intersects", str(field))}
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b'{"type": "FeatureCollection", "features": []}', "no feature geometry"),
+    (b'{"type": "Feature"}', "a Feature without a geometry"),
+    (b"\xff\xfe{not text", "cannot be read as GeoJSON text"),
+    (b"", "not usable as a search geometry"),
+    (b'{"type": "Point", "coordinates": [13.0, 95.0]}', "must be WGS84 lon/lat degrees"),
+])
+def test_intersects_a_bad_file_exits_2_naming_it(real_lake: Path, tmp_path: Path, content: bytes, needle: str) -> None:
+    field = tmp_path / "field.geojson"
+    field.write_bytes(content)
+    res = subprocess.run([sys.executable, "-m", "cubelake.cli", "catalog", "search", "--lake", str(real_lake),
+                          "--intersects", str(field)], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"error: {field}: " in res.stderr
+    assert needle in " ".join(res.stderr.split())
+    assert res.stdout == ""
+
+
+def test_intersects_a_fifo_or_a_folder_is_refused_without_reading(real_lake: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "field.geojson"
+    os.mkfifo(fifo)
+    for path, why in ((fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                      (tmp_path / "missing.geojson", "no such file")):
+        res = subprocess.run([sys.executable, "-m", "cubelake.cli", "catalog", "search", "--lake", str(real_lake),
+                              "--intersects", str(path)], capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode == 2, res.stderr
+        assert "Traceback" not in res.stderr
+        assert f"--intersects {path}: neither GeoJSON text nor a GeoJSON file ({why})" in " ".join(res.stderr.split())

@@ -262,22 +262,42 @@ def _coordinate(group: zarr.Group, name: str, n: int) -> np.ndarray:
     return np.asarray(arr[:], dtype="float64")
 
 
+DATA_ASSETS = ("cog", "zarr", "refs")
+
+
 @pytest.mark.parametrize(("kind", "i"), SCENES, ids=SCENE_IDS)
 def test_bands_match_the_cog_and_zarr(real_lake: Path, real_ingest: RealLake, items: dict[str, dict[str, Any]],
                                       kind: str, i: int) -> None:
     sid = scene_id(real_ingest, kind, i)
     item = items[sid]
-    bands = item["properties"]["bands"]
+    assert "bands" not in item["properties"]  # STAC 1.1: on the data assets
+    assets = item["assets"]
+    bands = assets["cog"]["bands"]
     group = zarr.open_group(str(asset_path(real_lake, sid, item, "zarr")), mode="r")
-    data = group[item["assets"]["zarr"]["cubelake:array"]]
+    data = group[assets["zarr"]["cubelake:array"]]
     assert isinstance(data, zarr.Array)
     nb = data.shape[0]
     wl, fwhm = (_coordinate(group, name, nb) for name in ("wavelength", "fwhm"))
     with open_cog(asset_path(real_lake, sid, item, "cog")) as src:
         assert len(bands) == src.count == data.shape[0] == item["properties"]["cubelake:band_count"]
+        # every data asset describes the same (band, y, x) cube: same bands and shared fields
+        for key in DATA_ASSETS:
+            a = assets[key]
+            assert [{k: v for k, v in b.items() if k != "statistics"} for b in a["bands"]] == \
+                [{k: v for k, v in b.items() if k != "statistics"} for b in bands], key
+            assert ("statistics" in a["bands"][0]) == (key == "cog"), key  # statistics once, on the COG
+            if src.nodata is not None and np.isnan(src.nodata):
+                assert a["nodata"] == "nan"
+            else:
+                assert a["nodata"] == src.nodata
+            assert a["data_type"] == src.dtypes[0]
+            assert a.get("raster:scale", 1.0) == src.scales[0]
+            assert a.get("raster:offset", 0.0) == src.offsets[0]
+        assert "bands" not in assets["source"]
         cube = src.read()
         for k, band in enumerate(bands):
             tags = src.tags(k + 1)
+            assert (src.dtypes[k], src.scales[k], src.offsets[k]) == (src.dtypes[0], src.scales[0], src.offsets[0])
             if np.isfinite(wl[k]):
                 assert band["eo:center_wavelength"] == pytest.approx(wl[k] / 1000, abs=1e-7)
                 assert band["eo:center_wavelength"] == pytest.approx(float(tags["wavelength"]) / 1000, abs=1e-7)
@@ -288,14 +308,7 @@ def test_bands_match_the_cog_and_zarr(real_lake: Path, real_ingest: RealLake, it
                 assert band["eo:full_width_half_max"] == pytest.approx(float(tags["fwhm"]) / 1000, abs=1e-7)
             else:
                 assert "eo:full_width_half_max" not in band
-            if src.nodata is not None and np.isnan(src.nodata):
-                assert band["nodata"] == "nan"
-            else:
-                assert band["nodata"] == src.nodata
-            assert band["data_type"] == src.dtypes[k]
-            assert band.get("raster:scale", 1.0) == src.scales[k]
-            assert band.get("raster:offset", 0.0) == src.offsets[k]
-            # statistics in physical units, from the stored values
+            # statistics in physical units, from the stored values (7 significant digits)
             dn = cube[k]
             ok = np.isfinite(dn) if dn.dtype.kind == "f" else np.ones(dn.shape, dtype=bool)
             if src.nodata is not None and not np.isnan(src.nodata):
@@ -307,6 +320,7 @@ def test_bands_match_the_cog_and_zarr(real_lake: Path, real_ingest: RealLake, it
             step = abs(src.scales[k]) / 2 if dn.dtype.kind in "iu" else 0.0
             assert stats["minimum"] == pytest.approx(phys.min(), rel=1e-6, abs=step + 1e-9)
             assert stats["maximum"] == pytest.approx(phys.max(), rel=1e-6, abs=step + 1e-9)
+            assert stats["mean"] == pytest.approx(phys.mean(), rel=1e-5, abs=step + 1e-9)
 
 
 @pytest.mark.parametrize(("kind", "i"), SCENES, ids=SCENE_IDS)

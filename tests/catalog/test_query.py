@@ -17,6 +17,7 @@ from cubelake.catalog.query import (
     parse_bbox,
     parse_datetime_interval,
     parse_filter,
+    parse_intersects,
     parse_query,
     parse_sort,
 )
@@ -399,11 +400,11 @@ def test_overlapping_bbox_and_intersects_match_their_intersection(item: Any, exp
         (Query(datetime="../.."), "both ends are open"),
         (Query(filters=("cloud",)), "expected PROPERTY OP VALUE"),
         (Query(sort=("-",)), "is empty"),
-        (Query(intersects="not json"), "intersects: not a GeoJSON geometry"),
-        (Query(intersects="[1, 2]"), "intersects: not a GeoJSON geometry"),
-        (Query(intersects={"type": "Point"}), "intersects: not a GeoJSON geometry"),
-        (Query(intersects={"foo": 1}), "intersects: not a GeoJSON geometry"),
-        (Query(intersects={"type": "Feature"}), "intersects: not a GeoJSON geometry"),
+        (Query(intersects="not json"), "intersects: not usable as a search geometry"),
+        (Query(intersects="[1, 2]"), "intersects: not usable as a search geometry"),
+        (Query(intersects={"type": "Point"}), "intersects: not usable as a search geometry"),
+        (Query(intersects={"foo": 1}), "intersects: not usable as a search geometry"),
+        (Query(intersects={"type": "Feature"}), "intersects: not usable as a search geometry"),
         (Query(intersects={"type": "Polygon", "coordinates": []}), "intersects: the geometry is empty"),
         (Query(intersects={"type": "Point", "coordinates": [200, 10]}), "must be WGS84 lon/lat degrees"),
         (Query(intersects={"type": "Point", "coordinates": [10, -95]}), "must be WGS84 lon/lat degrees"),
@@ -432,3 +433,46 @@ def test_parse_query_repairs_an_invalid_polygon() -> None:
     assert pq.geometry is not None
     assert pq.geometry.is_valid
     assert pq.geometry.area == pytest.approx(2.0)
+
+
+# -- --intersects: the GeoJSON a user has (a Feature, a FeatureCollection, a bare geometry) ----------------
+def _feature(geometry: dict[str, Any] | None) -> dict[str, Any]:
+    return {"type": "Feature", "properties": {"name": "field"}, "geometry": geometry}
+
+
+OTHER = {"type": "Polygon", "coordinates": [[[20, 40], [21, 40], [21, 41], [20, 41], [20, 40]]]}
+
+
+@pytest.mark.parametrize("doc", [
+    {"type": "FeatureCollection", "features": [_feature(SQUARE), _feature(OTHER)]},
+    {"type": "FeatureCollection", "features": [_feature(SQUARE), _feature(None), _feature(OTHER)]},
+    {"type": "GeometryCollection", "geometries": [SQUARE, OTHER]},
+    {"type": "MultiPolygon", "coordinates": [SQUARE["coordinates"], OTHER["coordinates"]]},
+])
+def test_intersects_takes_the_union_of_a_collection(doc: dict[str, Any]) -> None:
+    for value in (doc, json.dumps(doc)):
+        geom = parse_intersects(value)
+        assert geom.equals(box(10, 40, 12, 42).union(box(20, 40, 21, 41)))
+        pq = parse_query(Query(intersects=value))
+        assert pq.geometry is not None
+        assert pq.geometry.equals(geom)
+
+
+@pytest.mark.parametrize(("doc", "needle"), [
+    ({"type": "FeatureCollection", "features": []}, "no feature geometry"),
+    ({"type": "FeatureCollection", "features": [_feature(None)]}, "no feature geometry"),
+    ({"type": "FeatureCollection"}, "without a 'features' list"),
+    ({"type": "FeatureCollection", "features": {"a": 1}}, "without a 'features' list"),
+    (_feature(None), "a Feature without a geometry"),
+    ({"type": "Topology", "objects": {}}, "'Topology' is not a GeoJSON geometry, Feature or FeatureCollection"),
+    ([1, 2], "expected a GeoJSON object, got a JSON list"),
+    ('{"type": "FeatureCollection", "features": [', "not usable as a search geometry"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ({"type": "FeatureCollection", "features": [_feature({"type": "Point", "coordinates": [200, 0]})]},
+     "must be WGS84 lon/lat degrees"),
+])
+def test_intersects_errors_name_the_source(doc: Any, needle: str) -> None:
+    with pytest.raises(CatalogQueryError) as exc:
+        parse_intersects(doc if isinstance(doc, str) else json.dumps(doc), "fields/field.geojson")
+    assert str(exc.value).startswith("fields/field.geojson: ")
+    assert needle in str(exc.value)

@@ -15,6 +15,7 @@ from shapely.geometry import MultiPolygon, box
 
 from cubelake.catalog import CatalogIndex, LakeCatalog, Query
 from cubelake.catalog.items import item_from_record
+from cubelake.catalog.validate import validate_stac
 from cubelake.ingest import IngestOptions, ingest
 
 from ..conftest import hsi_cube, write_geotiff
@@ -34,15 +35,21 @@ def _one_scene_lake(tmp_path: Path, name: str = "a") -> Path:
 def test_a_nan_tag_becomes_text_and_the_item_stays_json(tmp_path: Path) -> None:
     lake = _one_scene_lake(tmp_path)
     record = json.loads((lake / "scenes" / "a" / "scene.json").read_text())
-    record["tags"] = {"CLOUD": "nan", "SUN": "inf", "WRS": "-1"}
-    record["profile"]["settings"]["stac"] = {"tag_properties": {"eo:cloud_cover": "WRS", "x:cloud": "CLOUD",
-                                                                "view:sun_elevation": "SUN"}}
+    record["tags"] = {"CLOUD": "nan", "SUN": "inf", "WRS": "-1", "AZ": "-120.5", "EL": "33.25"}
+    record["profile"]["settings"]["stac"] = {"tag_properties": {
+        "eo:cloud_cover": "WRS", "x:cloud": "CLOUD", "view:sun_elevation": "SUN", "view:sun_azimuth": "AZ",
+        "view:off_nadir": "EL", "view:azimuth": "CLOUD"}}
     item = item_from_record(record)
     text = json.dumps(item, allow_nan=False)  # raises on NaN/Infinity
     props = json.loads(text)["properties"]
     assert props["x:cloud"] == "nan"
-    assert props["view:sun_elevation"] == "inf"
+    # values their extension's schema forbids are left out, never published invalid
+    assert "view:sun_elevation" not in props  # "inf" is no angle
+    assert "view:azimuth" not in props  # nor is "nan"
     assert "eo:cloud_cover" not in props  # -1 (Landsat's "not computed") is outside 0..100
+    assert props["view:sun_azimuth"] == 239.5  # Landsat's -180..180 as the view extension's 0..360
+    assert props["view:off_nadir"] == 33.25
+    assert validate_stac(item) == []
     with CatalogIndex(tmp_path / "i.sqlite") as idx:
         idx.upsert(item)
         assert [h.id for h in idx.search(Query(filters=("x:cloud=nan",)))] == ["a"]

@@ -23,7 +23,7 @@ from cubelake.catalog import CatalogIndex, Query
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.errors import CatalogQueryError
 
-from .conftest import RealLake, Synth, gh_bounds, spectrometer_um
+from .conftest import RealLake, Synth, bands_of, gh_bounds, spectrometer_um
 
 # -- the synthetic catalog -----------------------------------------------------------------------
 HSI_GAPPED = spectrometer_um(420, 2450, 10, gaps_nm=[(1340, 1450), (1800, 1960)])  # water-vapour gaps
@@ -115,11 +115,12 @@ def _item_time(props: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-def _coverage(props: dict[str, Any]) -> list[tuple[float, float]]:
+def _coverage(item: dict[str, Any]) -> list[tuple[float, float]]:
     """Merged [lo, hi] nm covered by the bands: centre ± fwhm/2 (no fwhm: the nearest band's distance);
     neighbours merge across a gap of at most half the narrower band's width."""
-    centres = [b["eo:center_wavelength"] * 1000 for b in props.get("bands", []) if "eo:center_wavelength" in b]
-    widths = [b.get("eo:full_width_half_max") for b in props.get("bands", []) if "eo:center_wavelength" in b]
+    bands = bands_of(item)
+    centres = [b["eo:center_wavelength"] * 1000 for b in bands if "eo:center_wavelength" in b]
+    widths = [b.get("eo:full_width_half_max") for b in bands if "eo:center_wavelength" in b]
     spans = []
     for c, w in zip(centres, widths, strict=True):
         width = w * 1000 if w else min((abs(c - o) for o in centres if o != c), default=0.0)
@@ -191,7 +192,7 @@ def brute_force(items: list[dict[str, Any]], q: Query) -> list[str]:
             continue
         if q.wavelength_nm is not None:
             lo, hi = _wavelength(q.wavelength_nm)
-            if not any(a <= lo and hi <= b for a, b in _coverage(p)):
+            if not any(a <= lo and hi <= b for a, b in _coverage(it)):
                 continue
         if q.min_bands is not None and p["cubelake:band_count"] < q.min_bands:
             continue
@@ -402,7 +403,7 @@ def test_hits_carry_the_item_fields(index: CatalogIndex) -> None:
         it = _item(hit.id)
         assert hit.collection == it["collection"]
         assert hit.datetime == it["properties"]["datetime"]
-        assert hit.band_count == len(it["properties"]["bands"])
+        assert hit.band_count == len(bands_of(it))
         if it["geometry"] is None:
             assert hit.bbox is None
             assert hit.geometry is None
@@ -506,7 +507,7 @@ def test_delete_removes_every_trace(fresh_index: CatalogIndex) -> None:
     assert fresh_index.get("s01-triangle") is None
     after = fresh_index.stats()
     assert after["items"] == before["items"] - 1
-    assert after["bands"] == before["bands"] - len(gone["properties"]["bands"])
+    assert after["bands"] == before["bands"] - len(bands_of(gone))
     assert after["geohash_cells"] == before["geohash_cells"] - len(gone["properties"]["cubelake:geohash6"])
     rest = [it for it in ITEMS if it["id"] != "s01-triangle"]
     for q in CASES:
@@ -516,7 +517,7 @@ def test_delete_removes_every_trace(fresh_index: CatalogIndex) -> None:
 def test_stats_count_what_was_inserted(index: CatalogIndex) -> None:
     s = index.stats()
     assert s["items"] == len(ITEMS)
-    assert s["bands"] == sum(len(it["properties"]["bands"]) for it in ITEMS)
+    assert s["bands"] == sum(len(bands_of(it)) for it in ITEMS)
     assert s["geohash_cells"] == sum(len(it["properties"]["cubelake:geohash6"]) for it in ITEMS)
     for coll in {it["collection"] for it in ITEMS}:
         members = [it for it in ITEMS if it["collection"] == coll]
@@ -524,7 +525,7 @@ def test_stats_count_what_was_inserted(index: CatalogIndex) -> None:
         assert c["items"] == len(members)
         assert c["georeferenced"] == sum(it["geometry"] is not None for it in members)
         assert c["unknown_time"] == sum(_item_time(it["properties"]) is None for it in members)
-        counts = [len(it["properties"]["bands"]) for it in members]
+        counts = [len(bands_of(it)) for it in members]
         assert c["bands"] == [min(counts), max(counts)]
         known = [t for it in members if (t := _item_time(it["properties"])) is not None]
         assert _utc(c["start"]) == min(a for a, _ in known)
