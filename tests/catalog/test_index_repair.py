@@ -55,11 +55,15 @@ def checkpointed(lake: Path) -> Path:
 
 
 def flip_pages(path: Path, first_page: int) -> None:
-    """Invert 300 bytes in every page from ``first_page`` (0-based) on: what a bad disk or copy does."""
+    """Invert each page's b-tree header (the first 12 bytes; page 0's follows the 100-byte file header)
+    and 300 bytes after it, in every page from ``first_page`` (0-based) on: what a bad disk or copy does.
+    The header makes sure every damaged page is detected when read, wherever its cells lie."""
     data = bytearray(path.read_bytes())
     assert len(data) >= 4096 * 4
     for off in range(4096 * first_page, len(data), 4096):
-        data[off + 100:off + 400] = bytes(b ^ 0xFF for b in data[off + 100:off + 400])
+        head = off + (100 if off == 0 else 0)
+        for lo, hi in ((head, head + 12), (head + 12, off + 400)):
+            data[lo:hi] = bytes(b ^ 0xFF for b in data[lo:hi])
     path.write_bytes(bytes(data))
 
 
