@@ -408,7 +408,19 @@ def _lake_problems(case: Case, result: Result, root: Path, accepted: bool) -> li
     return found
 
 
-def _outcome_problems(case: Case, result: Result, entry: Entry) -> tuple[list[str], bool | None]:
+def scrub(text: str, case: Case, result: Result, root: Path) -> str:
+    """``text`` without the input's paths and name, so that a ``mention`` must be in the message
+    itself (a file named ``..._wavelength_nonnumeric.hdr`` names no field)."""
+    text = re.sub(re.escape(str(root)) + r"\S*", "<path>", text)
+    if result.lake is not None:
+        text = re.sub(re.escape(str(result.lake.parent.parent)) + r"\S*", "<path>", text)
+    name = Path(display(case, result.run, root)).name
+    for part in (name, name.rsplit(".", 1)[0]):
+        text = re.sub(re.escape(part), "<name>", text, flags=re.IGNORECASE)
+    return text
+
+
+def _outcome_problems(case: Case, result: Result, entry: Entry, root: Path) -> tuple[list[str], bool | None]:
     """Problems with the reported outcome; and whether the input counts as accepted (None: failed)."""
     mention = re.compile(case.mention, re.IGNORECASE) if case.mention else None
     accepted = entry.outcome in ("ingested", "ok", "unchanged")
@@ -420,13 +432,14 @@ def _outcome_problems(case: Case, result: Result, entry: Entry) -> tuple[list[st
         found.append(f"a sound input was rejected: {entry.text[:400]!r}")
     if case.expect is Expect.REJECT and accepted:
         found.append(f"accepted although {case.what}: {entry.text[:300]!r}")
-    if case.expect is Expect.REJECT_OR_WARN and accepted and not (mention and mention.search(entry.warnings)):
+    warnings, said = scrub(entry.warnings, case, result, root), scrub(entry.text, case, result, root)
+    if case.expect is Expect.REJECT_OR_WARN and accepted and not (mention and mention.search(warnings)):
         found.append(f"accepted without a warning matching /{case.mention}/ although {case.what}: "
                      f"warnings {entry.warnings[:300]!r}")
     if rejected and case.expect in (Expect.REJECT, Expect.REJECT_OR_WARN):
         if entry.errors == 0:
             found.append("rejected without any error listed")
-        if mention and not mention.search(entry.text):
+        if mention and not mention.search(said):
             found.append(f"the rejection does not name /{case.mention}/: {entry.text[:400]!r}")
     if rejected and result.rc != 1 and case.expect is not Expect.OK:
         found.append(f"exit code {result.rc} for a rejected input (expected 1)")
@@ -450,7 +463,7 @@ def _whole_run_problems(case: Case, result: Result, root: Path) -> list[str]:
         found.append(f"exit code {result.rc} for a sound input (expected 0)")
     if not ok and not name.search(result.out):
         found.append(f"the output never names {Path(display(case, result.run, root)).name!r}")
-    if not ok and case.mention and not re.search(case.mention, result.out, re.IGNORECASE):
+    if not ok and case.mention and not re.search(case.mention, scrub(result.out, case, result, root), re.IGNORECASE):
         found.append(f"the message does not name /{case.mention}/")
     if result.lake is not None and lake_state(result.lake).scenes:
         found.append(f"scenes were published although the run was refused: {sorted(lake_state(result.lake).scenes)}")
@@ -486,7 +499,7 @@ def problems(case: Case, result: Result, root: Path, members: list[str] | None =
     if result.run.batch:
         bug = next((n for n in _BUG if n in entries[0].text), None)
         found += [f"says {bug!r}: {entries[0].text[:300]!r}"] if bug else []
-    outcome, accepted = _outcome_problems(case, result, entries[0])
+    outcome, accepted = _outcome_problems(case, result, entries[0], root)
     found += outcome
     if accepted is not None and result.run.command == "ingest":
         found += _lake_problems(case, result, root, accepted)
