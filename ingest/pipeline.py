@@ -220,7 +220,7 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
         return _Opened(source, report)
     report.extend(check_georeferencing(meta))
     if meta.format in ("GTiff", "COG") and inp.kind is SceneKind.GDAL:
-        report.extend(inspect_tiff(meta.path))
+        report.extend(inspect_tiff(meta.path, meta.dtype))
     profile = options.profile or match_profile(meta) or SensorProfile()
     plan, issues = build_plan(meta, profile, chunk=options.chunk)
     report.extend(issues)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,29 +106,131 @@ def check_georeferencing(meta: SceneMetadata) -> list[Issue]:
     return issues
 
 
-def inspect_tiff(path: str) -> list[Issue]:
-    """Block-table checks of a TIFF: blocks beyond the end of the file (truncation) and absent blocks."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-    except OSError:
-        return []
+@dataclass(frozen=True, slots=True)
+class _TiffHeader:
+    """What the block checks need from a TIFF's first image, read by tifffile."""
+
+    size: int  # of the file, bytes
+    offsets: np.ndarray
+    counts: np.ndarray
+    shape: tuple[int, int]  # (rows, columns)
+    block: tuple[int, int]  # (rows, columns) of a tile or strip
+    tiled: bool
+    planes: int  # separate sample planes (PlanarConfiguration 2), else 1
+    sampleformat: int
+    bits: int
+    known_dtype: bool
+    lost_tags: tuple[str, ...]  # tags tifffile dropped because their values lie outside the file
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _read_tiff_header(p: Path) -> _TiffHeader | None:
+    """The first image's block table and layout; ``None`` if tifffile cannot parse it (GDAL has the last word).
+
+    tifffile reports tags it had to drop (a value offset past the end of the file) only through
+    its logger, so its ERROR records are collected here rather than shown.
+    """
     tlog = logging.getLogger("tifffile")
-    level = tlog.level
-    tlog.setLevel(logging.CRITICAL)  # tifffile logs every odd tag of a damaged file; we report our own finding
+    level, handler = tlog.level, _Collect()
+    tlog.setLevel(logging.ERROR)
+    tlog.addHandler(handler)
+    tlog.propagate, propagate = False, tlog.propagate
     try:
         with tifffile.TiffFile(p) as tif:
             page = tif.pages.first
-            offsets = np.asarray(page.dataoffsets, dtype=np.uint64)
-            counts = np.asarray(page.databytecounts, dtype=np.uint64)
+            tiled = bool(page.is_tiled)
+            h, w = int(page.imagelength), int(page.imagewidth)
+            block = ((int(page.tilelength), int(page.tilewidth)) if tiled
+                     else (int(page.rowsperstrip or h) or h, w))
+            return _TiffHeader(
+                size=p.stat().st_size,
+                offsets=np.asarray(page.dataoffsets, dtype=np.uint64),
+                counts=np.asarray(page.databytecounts, dtype=np.uint64),
+                shape=(h, w), block=block, tiled=tiled,
+                planes=int(page.samplesperpixel) if int(page.planarconfig) == 2 else 1,
+                sampleformat=int(page.sampleformat), bits=int(page.bitspersample),
+                known_dtype=page.dtype is not None,
+                lost_tags=_lost_tags(handler.messages),
+            )
     except Exception as exc:  # tifffile raises many types on damaged files; GDAL has the final say
-        log.debug("tifffile could not inspect %s: %s", path, exc)
-        return []
+        log.debug("tifffile could not inspect %s: %s", p, exc)
+        return None
     finally:
+        tlog.removeHandler(handler)
         tlog.setLevel(level)
-    issues: list[Issue] = []
+        tlog.propagate = propagate
+
+
+_LOST_TAG = re.compile(r"TiffTag (\d+) @\d+> invalid value offset")
+
+
+def _lost_tags(messages: list[str]) -> tuple[str, ...]:
+    """``"33550 (ModelPixelScaleTag)"`` for each tag tifffile dropped for a value offset past the file's end."""
+    codes = [int(m.group(1)) for msg in messages if (m := _LOST_TAG.search(msg))]
+    return tuple(f"{c} ({tifffile.TIFF.TAGS.get(c, 'unknown')})" for c in codes)
+
+
+def inspect_tiff(path: str, gdal_dtype: str | None = None) -> list[Issue]:
+    """Header checks of a TIFF: truncation (blocks or tag values past the end), corrupt block tables,
+    tile sizes and sample formats the TIFF specification does not allow, absent blocks.
+
+    ``gdal_dtype``: the type GDAL reads; a complex one is reported by the plan, not here again.
+    """
+    header = _read_tiff_header(Path(path))
+    if header is None:
+        return []
+    issues = _layout_issues(header, gdal_dtype)
+    if issues:
+        return issues  # the block table cannot be judged against a layout that is itself wrong
+    return _truncation_issues(header) + _sparse_issues(header)
+
+
+def _layout_issues(t: _TiffHeader, gdal_dtype: str | None) -> list[Issue]:
+    issues = []
+    if t.lost_tags:
+        issues.append(error(
+            Code.TRUNCATED,
+            f"the values of TIFF tag(s) {', '.join(t.lost_tags)} lie past the end of the file ({t.size} bytes): the file "
+            "is truncated (its georeferencing or other metadata is lost). Re-copy or re-download it",
+            where="TIFF header"))
+    gdal_complex = gdal_dtype is not None and gdal_dtype.startswith("complex")
+    if (t.sampleformat in (5, 6) or not t.known_dtype) and not gdal_complex:
+        what = "complex numbers, which cubelake cannot store" if t.sampleformat in (5, 6) else "not a pixel type"
+        issues.append(error(
+            Code.UNSUPPORTED_DTYPE,
+            f"SampleFormat {t.sampleformat} with BitsPerSample {t.bits} is {what} (it stores unsigned/signed "
+            "integers and IEEE floats); the header is damaged, or convert the file (gdal_translate -ot)",
+            where="TIFF header"))
+    by, bx = t.block
+    if t.tiled and (by % 16 or bx % 16 or by <= 0 or bx <= 0):
+        issues.append(error(
+            Code.TRUNCATED,
+            f"tiles of {by}x{bx} pixels: TIFF requires tile sides that are positive multiples of 16, so the tile "
+            "layout is corrupt. Re-copy or re-export the file", where="TIFF header"))
+    elif by > 0 and bx > 0:
+        expected = -(-t.shape[0] // by) * -(-t.shape[1] // bx) * t.planes
+        if len(t.offsets) != expected:
+            issues.append(error(
+                Code.TRUNCATED,
+                f"the block table lists {len(t.offsets)} {'tiles' if t.tiled else 'strips'}, but a {t.shape[0]}x"
+                f"{t.shape[1]} image in {by}x{bx} blocks has {expected}: the header is corrupt. Re-copy or "
+                "re-export the file", where="TIFF header"))
+    return issues
+
+
+def _truncation_issues(t: _TiffHeader) -> list[Issue]:
+    offsets, counts, size = t.offsets, t.counts, t.size
     if len(offsets) == 0 or len(offsets) != len(counts):
-        return issues
+        return []
+    issues: list[Issue] = []
     present = counts > 0
     ends = offsets + counts
     beyond = present & (ends > np.uint64(size))
@@ -142,23 +245,26 @@ def inspect_tiff(path: str) -> list[Issue]:
             )
         )
     issues.extend(_block_table_issues(offsets[present & ~beyond], counts[present & ~beyond]))
-    absent = int((~present).sum())
-    if absent == len(offsets):
-        issues.append(
-            error(
-                Code.NO_VALID_DATA,
-                f"all {absent} blocks of the full-resolution image are absent (sparse file): there are no pixels to "
-                "ingest",
-            )
-        )
-    elif absent:
-        issues.append(
-            warning(
-                Code.SPARSE_BLOCKS,
-                f"{absent} of {len(offsets)} blocks are absent (sparse TIFF); GDAL reads them as nodata/0",
-            )
-        )
     return issues
+
+
+def _sparse_issues(t: _TiffHeader) -> list[Issue]:
+    if len(t.offsets) == 0 or len(t.offsets) != len(t.counts):
+        return []
+    present = t.counts > 0
+    absent = int((~present).sum())
+    if absent == len(t.offsets):
+        return [error(
+            Code.NO_VALID_DATA,
+            f"all {absent} blocks of the full-resolution image are absent (sparse file): there are no pixels to "
+            "ingest",
+        )]
+    if absent:
+        return [warning(
+            Code.SPARSE_BLOCKS,
+            f"{absent} of {len(t.offsets)} blocks are absent (sparse TIFF); GDAL reads them as nodata/0",
+        )]
+    return []
 
 
 def _block_table_issues(offsets: np.ndarray, counts: np.ndarray) -> list[Issue]:

@@ -162,6 +162,8 @@ def combine_refs(paths: Sequence[str | Path], *, dim: Literal["time", "scene"] =
     if not paths:
         raise RefsError("combine needs at least one reference set")
     sets = [load_refs(p) for p in paths]
+    for loaded in sets:
+        loaded.check_ranges()
     grids = [_guarded(r.path, _grid, r) for r in sets]
     if grids[0]["dims"] != ["band", "y", "x"]:
         raise GridMismatchError(f"{sets[0].path}: data has dimensions {grids[0]['dims']}; only single scenes "

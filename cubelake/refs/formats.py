@@ -145,6 +145,16 @@ class LoadedRefs:
     _urls: dict[str, str]  # every distinct target URL named by a chunk reference -> the URL resolved
     base: str = ""  # the folder relative targets are resolved against (the reference file's)
     max_end: dict[str, int] = dataclasses.field(default_factory=dict)  # resolved URL -> furthest byte referenced
+    range_error: str | None = None  # the first byte range past its target's recorded size, if any
+
+    def check_ranges(self) -> None:
+        """Raise :class:`RefsError` for a byte range past its target's recorded size.
+
+        Kept apart from loading so that an opener can first refuse targets it does not trust:
+        "outside the allowed roots" is the answer a set pointing at /etc/passwd deserves.
+        """
+        if self.range_error is not None:
+            raise RefsError(self.range_error)
 
     def get(self, key: str) -> bytes | tuple[str, int, int] | None:
         """Inline bytes, or ``(url, offset, length)``, or ``None`` when the key is absent."""
@@ -215,18 +225,18 @@ def _read_json_file(p: Path) -> Any:
 
 
 def _ends(chunks: Iterable[tuple[str, tuple[str, int, int]]], targets: list[Target],
-          path: str | Path) -> dict[str, int]:
-    """The furthest byte referenced in each target; refuses a range past a target's recorded size."""
+          path: str | Path) -> tuple[dict[str, int], str | None]:
+    """The furthest byte referenced in each target, and the first range past a target's recorded size."""
     sizes = {t.url: t.size for t in targets}
     ends: dict[str, int] = {}
+    problem = None
     for key, (url, off, n) in chunks:
         end = off + n
-        if end > sizes.get(url, end):
-            raise RefsError(f"{path}: key {key!r}: bytes {off}..{end} lie past the end of {url} "
-                            f"({sizes[url]} bytes recorded)")
+        if problem is None and end > sizes.get(url, end):
+            problem = f"{path}: key {key!r}: bytes {off}..{end} lie past the end of {url} ({sizes[url]} bytes recorded)"
         if end > ends.get(url, 0):
             ends[url] = end
-    return ends
+    return ends, problem
 
 
 def _resolved_targets(targets: list[Target], base: str) -> list[Target]:
@@ -273,8 +283,8 @@ def load_refs(path: str | Path) -> LoadedRefs:
     targets = _resolved_targets(parse_targets(meta, p), base)
     urls = {u: resolve_url(u, base) for u in dict.fromkeys(v[0] for v in raw.values())}
     chunks = {k: (urls[u], off, n) for k, (u, off, n) in raw.items()}
-    ends = _ends(chunks.items(), targets, p)
-    return LoadedRefs(str(p), "json", meta, targets, chunks, urls, base, ends)
+    ends, problem = _ends(chunks.items(), targets, p)
+    return LoadedRefs(str(p), "json", meta, targets, chunks, urls, base, ends, problem)
 
 
 def _load_parquet(folder: Path) -> LoadedRefs:
@@ -296,25 +306,26 @@ def _load_parquet(folder: Path) -> LoadedRefs:
         raise RefsError(f"{folder}: unreadable Parquet references ({exc})") from exc
     base = str(folder.resolve().parent)
     targets = _resolved_targets(parse_targets(meta, folder), base)
-    urls, ends = _check_parquet(folder, arrays, record_size, targets, base)
-    return LoadedRefs(str(folder), "parquet", meta, targets, lazy, urls, base, ends)
+    urls, ends, problem = _check_parquet(folder, arrays, record_size, targets, base)
+    return LoadedRefs(str(folder), "parquet", meta, targets, lazy, urls, base, ends, problem)
 
 
 def _check_parquet(folder: Path, arrays: dict[str, ArraySpec], record_size: int, targets: list[Target],
-                   base: str) -> tuple[dict[str, str], dict[str, int]]:
+                   base: str) -> tuple[dict[str, str], dict[str, int], str | None]:
     """Check every record file's references, vectorised; the URLs (raw -> resolved) and furthest byte per target."""
     from ._parquet import check_record_file
 
     urls: dict[str, str] = {}
     ends: dict[str, int] = {}
+    problem = None
     sizes = {t.url: t.size for t in targets}
     for f in sorted(folder.rglob("refs.*.parq")):
         for raw_url, end, key_of_max in check_record_file(folder, f, arrays, record_size):
             if raw_url not in urls:
                 urls[raw_url] = resolve_url(check_url(raw_url, folder, key_of_max), base)
             url = urls[raw_url]
-            if end > sizes.get(url, end):
-                raise RefsError(f"{folder}: key {key_of_max!r}: bytes up to {end} lie past the end of {url} "
-                                f"({sizes[url]} bytes recorded)")
+            if problem is None and end > sizes.get(url, end):
+                problem = (f"{folder}: key {key_of_max!r}: bytes up to {end} lie past the end of {url} "
+                           f"({sizes[url]} bytes recorded)")
             ends[url] = max(ends.get(url, 0), end)
-    return urls, ends
+    return urls, ends, problem

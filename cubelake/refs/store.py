@@ -247,8 +247,11 @@ class RefsStore(Store):
         self._storage_options = storage_options
         if not self._targets and refs.urls:
             log.warning("%s records no target sizes/mtimes: changed targets cannot be detected", refs.path)
+        # in this order, so each set is refused for its first problem: an untrusted target, then a target
+        # that is not a file (a FIFO) or has changed, then a byte range past its target's recorded end
         if verify:
             self.verify_targets()
+        refs.check_ranges()
 
     def verify_targets(self) -> None:
         """Check every target now (size, fingerprint/mtime or ETag; unrecorded ones against the furthest byte)."""
@@ -258,10 +261,13 @@ class RefsStore(Store):
             scheme, where = split_url(url)
             t = self._targets.get(url)
             end = self.refs.max_end.get(url, 0)
-            if scheme == "file":
-                self._local.check(where, t, end)
-            elif self._s3 is not None:
-                sync(self._s3.check(url, t, end))
+            try:
+                if scheme == "file":
+                    self._local.check(where, t, end)
+                elif self._s3 is not None:
+                    sync(self._s3.check(url, t, end))
+            except RefsError as exc:  # say which set it is about, too
+                raise type(exc)(f"{self.refs.path}: {exc}") from exc
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RefsStore) and other.refs.path == self.refs.path

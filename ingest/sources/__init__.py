@@ -24,7 +24,15 @@ from cubelake.errors import (
     UnsupportedFormatError,
 )
 
-from ._base import BandInfo, FileCalibration, RasterSource, SceneMetadata, block_grid
+from ._base import (
+    BandInfo,
+    FileCalibration,
+    RasterSource,
+    SceneMetadata,
+    block_grid,
+    is_folder,
+    is_regular_file,
+)
 from .envi import find_envi_data_file, find_envi_header, open_envi
 from .gdal import open_gdal
 from .landsat import is_mtl, mtl_band_files, open_landsat, parse_mtl
@@ -131,7 +139,7 @@ def is_lake(folder: Path) -> bool:
     """Whether ``folder`` is the root of a cubelake lake (its ``lake.json`` says so)."""
     marker = folder / "lake.json"
     try:
-        return marker.is_file() and marker.stat().st_size < 1 << 20 and '"cubelake-lake"' in marker.read_text()
+        return is_regular_file(marker) and marker.stat().st_size < 1 << 20 and '"cubelake-lake"' in marker.read_text()
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -139,11 +147,11 @@ def is_lake(folder: Path) -> bool:
 def _label_for(path: Path) -> Path | None:
     for d in _LABEL_DIRS:
         cand = path.parent / d / path.name
-        if cand.is_file():
+        if is_regular_file(cand):
             return cand
     for suf in _LABEL_SUFFIXES:
         cand = path.with_name(path.stem + suf + path.suffix)
-        if cand.is_file():
+        if is_regular_file(cand):
             return cand
     return None
 
@@ -181,7 +189,7 @@ def _expand(paths: Iterable[Path], skip: Sequence[Path]) -> list[_Entry]:
     (empty folders, lakes) as :class:`SceneInput` with their problem."""
     out: list[_Entry] = []
     for p in paths:
-        if not p.is_dir():
+        if not is_folder(p):
             out.append((p, True))
         elif _inside(p, skip) or is_lake(p):
             out.append(SceneInput(p, SceneKind.SPECIAL, problem=(

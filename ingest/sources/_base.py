@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -12,7 +14,26 @@ from cubelake.grid import ChunkGrid, Window
 
 from ..report import Issue
 
-__all__ = ["BandInfo", "FileCalibration", "RasterSource", "SceneMetadata", "block_grid"]
+__all__ = ["BandInfo", "FileCalibration", "RasterSource", "SceneMetadata", "block_grid", "is_folder", "is_regular_file"]
+
+
+def _mode(path: os.PathLike[str] | str) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a name too long, a link loop, a NUL byte: not a file to read
+        return None
+
+
+def is_regular_file(path: os.PathLike[str] | str) -> bool:
+    """Whether ``path`` is (or links to) a regular file; never raises, never true for a FIFO or device."""
+    mode = _mode(path)
+    return mode is not None and stat.S_ISREG(mode)
+
+
+def is_folder(path: os.PathLike[str] | str) -> bool:
+    """Whether ``path`` is (or links to) a directory; never raises."""
+    mode = _mode(path)
+    return mode is not None and stat.S_ISDIR(mode)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from cubelake.grid import Window
 
 from ..report import Code, Issue, error, warning
 from ..spectral import parse_float_list, parse_wavelength_text, unit_factor_to_nm
-from ._base import BandInfo, FileCalibration, RasterSource, SceneMetadata
+from ._base import BandInfo, FileCalibration, RasterSource, SceneMetadata, is_regular_file
 from .gdal import open_gdal
 
 __all__ = [
@@ -80,7 +80,7 @@ def parse_envi_header(text: str, path: str) -> dict[str, str]:
 def find_envi_header(data_path: Path) -> Path | None:
     """The header of a data file: ``x.hdr`` for ``x`` or ``x.img`` -> ``x.hdr`` or ``x.img.hdr``."""
     for cand in (data_path.with_name(data_path.name + ".hdr"), data_path.with_suffix(".hdr")):
-        if cand.is_file() and cand != data_path:
+        if is_regular_file(cand) and cand != data_path:
             return cand
     return None
 
@@ -91,7 +91,7 @@ def find_envi_data_file(header: Path) -> tuple[Path | None, list[Path]]:
     candidates = [Path(str(stem) + ext) for ext in DATA_EXTENSIONS]
     candidates += [stem.with_suffix(ext.upper()) for ext in DATA_EXTENSIONS if ext]
     for cand in candidates:
-        if cand.is_file():
+        if is_regular_file(cand):
             return cand, candidates
     return None, candidates
 

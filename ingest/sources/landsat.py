@@ -23,7 +23,7 @@ from typing import Any
 from cubelake.errors import SceneReadError
 
 from ..report import Code, Issue, warning
-from ._base import FileCalibration
+from ._base import FileCalibration, is_regular_file
 from .gdal import GdalSource, open_gdal
 
 __all__ = ["ESUN_TM", "MTL_MAX_BYTES", "is_mtl", "mtl_band_files", "open_landsat", "parse_mtl"]
@@ -110,9 +110,9 @@ def _number(mtl: dict[str, Any], key: str) -> float | None:
 
 def _earth_sun_distance(mtl: dict[str, Any]) -> float | None:
     d = _number(mtl, "EARTH_SUN_DISTANCE")
-    if d is not None:
-        return d if 0.9 < d < 1.1 else None
-    try:
+    if d is not None and 0.9 < d < 1.1:
+        return d
+    try:  # missing or out of its domain: it follows from the day of the year
         doy = date.fromisoformat(str(mtl.get("DATE_ACQUIRED", "")).strip()).timetuple().tm_yday
     except ValueError:
         return None
@@ -134,10 +134,10 @@ def _plain_name(path: Path, key: str, value: Any) -> str:
 
 def _band_file(folder: Path, name: str) -> Path | None:
     exact = folder / name
-    if exact.is_file():
+    if is_regular_file(exact):
         return exact
     # copies are often renamed with a prefix (e.g. "tiny_<name>")
-    matches = sorted(p for p in folder.iterdir() if p.name.endswith(name) and p.is_file())
+    matches = sorted(p for p in folder.iterdir() if p.name.endswith(name) and is_regular_file(p))
     return matches[0] if matches else None
 
 
@@ -175,8 +175,21 @@ def _sun_elevation(mtl: dict[str, Any], path: Path, issues: list[Issue]) -> floa
     return math.sin(math.radians(elev))
 
 
+def _unusable(mtl: dict[str, Any], keys: list[str], path: Path, what: str, issues: list[Issue]) -> None:
+    """A warning naming each of ``keys`` that is missing or not a finite number (``what`` it is needed for)."""
+    missing = [k for k in keys if k not in mtl]
+    bad = [f"{k} = {mtl[k]!r}" for k in keys if k in mtl and _number(mtl, k) is None]
+    if missing or bad:
+        parts = ([f"{', '.join(missing)} missing"] if missing else []) + ([f"{', '.join(bad)} not a number"]
+                                                                           if bad else [])
+        issues.append(warning(Code.CALIBRATION_SUSPECT, f"{'; '.join(parts)}: {what}. Re-download the MTL if it is "
+                                                        "damaged", where=f"{path}: {(missing or keys)[0]}"))
+
+
 def _radiance(mtl: dict[str, Any], numbers: list[int], path: Path,
               issues: list[Issue]) -> tuple[list[float], list[float]]:
+    keys = [f"RADIANCE_{k}_BAND_{n}" for n in numbers for k in ("MULT", "ADD")]
+    _unusable(mtl, keys, path, "no radiance (nor TOA reflectance derived from it) for those bands", issues)
     ml = [_number(mtl, f"RADIANCE_MULT_BAND_{n}") for n in numbers]
     al = [_number(mtl, f"RADIANCE_ADD_BAND_{n}") for n in numbers]
     bad = [f"B{n}" for n, m in zip(numbers, ml, strict=True) if m is not None and m <= 0]
@@ -189,13 +202,28 @@ def _radiance(mtl: dict[str, Any], numbers: list[int], path: Path,
 
 
 def _reflectance(mtl: dict[str, Any], numbers: list[int], ml: list[float], al: list[float],
-                 sin_sun: float | None) -> tuple[list[float], list[float]]:
+                 sin_sun: float | None, path: Path, issues: list[Issue]) -> tuple[list[float], list[float]]:
     if sin_sun is None:
         return [math.nan] * len(numbers), [math.nan] * len(numbers)
+    listed = [f"REFLECTANCE_{k}_BAND_{n}" for n in numbers for k in ("MULT", "ADD")
+              if f"REFLECTANCE_MULT_BAND_{n}" in mtl or f"REFLECTANCE_ADD_BAND_{n}" in mtl]
+    _unusable(mtl, listed, path, "no TOA reflectance for those bands", issues)
     rg: list[float] = []
     ro: list[float] = []
     d = _earth_sun_distance(mtl)
     tm = str(mtl.get("SENSOR_ID", "")).strip() == "TM"
+    raw_d = mtl.get("EARTH_SUN_DISTANCE")
+    if tm and d is not None and raw_d is not None and _number(mtl, "EARTH_SUN_DISTANCE") != d:
+        issues.append(warning(
+            Code.CALIBRATION_SUSPECT,
+            f"EARTH_SUN_DISTANCE = {raw_d!r} is not a distance in AU (0.9-1.1); the reflectance uses {d:.5f} AU "
+            "computed from DATE_ACQUIRED instead", where=f"{path}: EARTH_SUN_DISTANCE"))
+    if tm and d is None:
+        issues.append(warning(
+            Code.CALIBRATION_SUSPECT,
+            f"neither EARTH_SUN_DISTANCE (= {mtl.get('EARTH_SUN_DISTANCE')!r}, must be 0.9-1.1 AU) nor DATE_ACQUIRED "
+            f"(= {mtl.get('DATE_ACQUIRED')!r}, must be a date) gives the Earth-Sun distance the TM reflectance "
+            "needs; no TOA reflectance. Re-download the MTL if it is damaged", where=f"{path}: EARTH_SUN_DISTANCE"))
     for n, m_, a_ in zip(numbers, ml, al, strict=True):
         mr, ar = _number(mtl, f"REFLECTANCE_MULT_BAND_{n}"), _number(mtl, f"REFLECTANCE_ADD_BAND_{n}")
         if mr is not None and ar is not None:
@@ -250,7 +278,7 @@ def open_landsat(path: Path) -> GdalSource:
     numbers = [n for n, _ in bands]
     ml, al = _radiance(mtl, numbers, path, issues)
     cals = [FileCalibration("radiance", tuple(ml), tuple(al), unit="W/(m2 sr um)", note="MTL RADIANCE_MULT/ADD")]
-    rg, ro = _reflectance(mtl, numbers, ml, al, _sun_elevation(mtl, path, issues))
+    rg, ro = _reflectance(mtl, numbers, ml, al, _sun_elevation(mtl, path, issues), path, issues)
     cals.append(
         FileCalibration(
             "toa_reflectance",
@@ -260,6 +288,11 @@ def open_landsat(path: Path) -> GdalSource:
             note="TOA reflectance with sun-elevation correction (REFLECTANCE_MULT/ADD, or TM ESUN, Chander et al. 2009)",
         )
     )
+    acquired = _acquired(mtl)
+    if acquired is None and "DATE_ACQUIRED" in mtl:
+        issues.append(warning(Code.CALIBRATION_SUSPECT, f"DATE_ACQUIRED = {mtl['DATE_ACQUIRED']!r} is not a date "
+                                                        "(YYYY-MM-DD): the acquisition time is unknown",
+                              where=f"{path}: DATE_ACQUIRED"))
     infos = tuple(dataclasses.replace(b, name=f"B{n}") for b, n in zip(src.meta.bands, numbers, strict=True))
     tags = {
         k: str(v)
@@ -274,7 +307,7 @@ def open_landsat(path: Path) -> GdalSource:
         format="Landsat-MTL",
         bands=infos,
         calibrations=tuple(cals),
-        datetime=_acquired(mtl),
+        datetime=acquired,
         tags=tags,
         issues=(*src.meta.issues, *issues),
     )

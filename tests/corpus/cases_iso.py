@@ -129,8 +129,11 @@ def add_names(c: Corpus) -> None:
     """Valid copies of the real LZW band under odd names, each ingested alone; must ingest and print safely."""
     for key, name in NAMES.items():
         folder = f"iso/names/{key}"
-        case = Case(f"names-ok-{key}", "names", f"{LT5B1} (valid) named {name!r}", f"{folder}/{name}", Expect.OK, (),
-                    _copy(LT5B1, f"{folder}/{name}"))
+        # GDAL cannot open a name that is not UTF-8 (rasterio passes names as UTF-8): issue 11 asks for a
+        # rejection naming the file and what is wrong with it
+        expect, mention = (Expect.REJECT, "not valid UTF-8") if key == "non-utf8" else (Expect.OK, None)
+        case = Case(f"names-ok-{key}", "names", f"{LT5B1} (valid) named {name!r}", f"{folder}/{name}", expect, (),
+                    _copy(LT5B1, f"{folder}/{name}"), mention=mention)
         if key == "leading-dash":  # as a user passes it: after "--", relative to its folder
             c.isolated(case, "ingest", targets=("--", name), cwd=folder, relative=True)
         else:

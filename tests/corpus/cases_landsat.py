@@ -121,7 +121,8 @@ def _lt5_cases() -> list[Case]:
               _set("FILE_NAME_BAND_4", f'"{LT5_ID}_B4_MISSING.TIF"'), mention=r"B4|band 4|BAND_4|missing"),
         _case("lt5-no-spacecraft", "SPACECRAFT_ID removed", r, _drop("SPACECRAFT_ID"), mention="SPACECRAFT_ID|Landsat"),
         _case("lt5-date-text", "DATE_ACQUIRED = yesterday", r, _set("DATE_ACQUIRED", "yesterday"), mention="DATE_ACQUIRED"),
-        _case("lt5-earth-sun-text", "EARTH_SUN_DISTANCE = far", r, _add("EARTH_SUN_DISTANCE", '"far"'),
+        # the distance also follows from DATE_ACQUIRED (<0.1% off), so a warning naming the field is enough
+        _case("lt5-earth-sun-text", "EARTH_SUN_DISTANCE = far", w, _add("EARTH_SUN_DISTANCE", '"far"'),
               mention="EARTH_SUN_DISTANCE"),
         _case("lt5-earth-sun-zero", "EARTH_SUN_DISTANCE = 0", w, _add("EARTH_SUN_DISTANCE", "0.0"),
               mention="EARTH_SUN_DISTANCE"),
