@@ -7,13 +7,17 @@ ingest time), and the catalog index never matches it to a datetime filter.
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+import regex
+
 from .profile import TimeRule
+
+log = logging.getLogger(__name__)
 
 __all__ = ["UNKNOWN_START", "AcquisitionTime", "acquisition_time", "format_time", "parse_time"]
 
@@ -57,8 +61,18 @@ class AcquisitionTime:
         return cls(d.get("datetime"), d.get("start_datetime"), d.get("end_datetime"), d.get("source", "unknown"))
 
 
+#: A profile's pattern is untrusted: a nested quantifier such as ``(a+)+$`` backtracks for hours on a
+#: long name. The ``regex`` engine (same syntax as ``re``) can stop a search; ``re`` cannot.
+PATTERN_TIMEOUT_S = 0.25
+
+
 def _from_filename(name: str, pattern: str) -> AcquisitionTime | None:
-    m = re.search(pattern, name)
+    try:
+        m = regex.search(pattern, name, timeout=PATTERN_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("time.filename_pattern %r took over %.2f s on the name %r (catastrophic backtracking?); "
+                    "it is not used for this scene", pattern, PATTERN_TIMEOUT_S, name)
+        return None
     if m is None:
         return None
     g = {k: v for k, v in m.groupdict().items() if v is not None}

@@ -15,11 +15,11 @@ import hashlib
 import json
 import logging
 import math
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cubelake.errors import ConfigError, ProfileError
@@ -214,8 +214,8 @@ class TimeRule(BaseModel):
     def _pattern(cls, v: str | list[str] | None) -> str | list[str] | None:
         for p in [v] if isinstance(v, str) else (v or []):
             try:
-                rx = re.compile(p)
-            except re.error as exc:
+                rx = regex.compile(p)
+            except regex.error as exc:
                 raise ValueError(f"{p!r} is not a valid regular expression ({exc})") from exc
             groups = set(rx.groupindex)
             if "year" not in groups or not ({"month", "day"} <= groups or "doy" in groups):

@@ -264,3 +264,20 @@ def test_load_profile_reads_a_time_rule(tmp_path: Path) -> None:
     path.write_text("name: ok\ntime:\n  filename_pattern: '_(?P<year>\\d{4})(?P<doy>\\d{3})_'\n")
     rule = load_profile(path).time
     assert acquisition_time(None, "x_2016134_y.tif", rule, INGESTED).start == "2016-05-13T00:00:00Z"
+
+
+def test_a_runaway_filename_pattern_is_stopped_not_hung(caplog) -> None:
+    import logging
+    import time
+
+    from cubelake.ingest.acqtime import acquisition_time
+    from cubelake.ingest.profile import TimeRule
+
+    rule = TimeRule(filename_pattern=r"(?P<year>\d{4})(?P<month>\d\d)(?P<day>\d\d)(a|aa)+$")
+    name = "20220724" + "a" * 60 + "!.tif"  # exponential backtracking: hours, with re or regex
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="cubelake.ingest.acqtime"):
+        acq = acquisition_time(None, f"/d/{name}", rule, datetime(2026, 1, 1, tzinfo=UTC))
+    assert time.perf_counter() - t0 < 5
+    assert acq.source == "unknown"
+    assert "catastrophic backtracking" in caplog.text
