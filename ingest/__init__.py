@@ -16,6 +16,7 @@ from .pipeline import (
     ingest,
     ingest_scene,
     iter_ingest,
+    iter_validate,
     validate,
     validate_scene,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "ingest",
     "ingest_scene",
     "iter_ingest",
+    "iter_validate",
     "load_profile",
     "match_profile",
     "open_source",

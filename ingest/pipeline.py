@@ -83,6 +83,7 @@ __all__ = [
     "ingest",
     "ingest_scene",
     "iter_ingest",
+    "iter_validate",
     "validate",
     "validate_scene",
 ]
@@ -290,10 +291,25 @@ def validate_scene(inp: SceneInput | str | Path, options: IngestOptions | None =
     return opened.report
 
 
+def iter_validate(paths: Sequence[str | Path], options: IngestOptions | None = None,
+                  progress: ProgressCallback | None = None) -> Iterator[ValidationReport]:
+    """Validate every scene found under ``paths``, yielding each report as it is done; one scene's
+    failure is its report's error, never the end of the run."""
+    for scene in discover(paths, labels=None):
+        try:
+            yield validate_scene(scene, options, progress)
+        except Exception as exc:  # reported and counted, like a failed ingest; traceback with -vv
+            log.debug("validating %s failed", scene.path, exc_info=True)
+            report = ValidationReport(path=str(scene.path))
+            report.extend([error(Code.UNREADABLE, f"{scene.path}: validation failed ({type(exc).__name__}: {exc}); "
+                                                  "run again with -vv for the details")])
+            yield report
+
+
 def validate(paths: Sequence[str | Path], options: IngestOptions | None = None,
              progress: ProgressCallback | None = None) -> list[ValidationReport]:
     """Validate every scene found under ``paths``."""
-    return [validate_scene(s, options, progress) for s in discover(paths, labels=None)]
+    return list(iter_validate(paths, options, progress))
 
 
 def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from ._render import (
     VERBOSE,
     configure_output,
     err_console,
-    escape,
     fail,
     out_console,
     print_json,
+    show,
 )
 
 catalog_app = typer.Typer(help="The lake's STAC catalog: search by space, time, wavelength and properties.",
@@ -198,7 +198,7 @@ def stats_cmd(
               f"index {stats['index_bytes'] / 1e6:.1f} MB")
     for name, c in stats["collections"].items():
         span = f"{(c['start'] or '?')[:10]} .. {(c['end'] or '?')[:10]}" if c["start"] else "no known time"
-        out.print(f"  {escape(name)}: {c['items']} item(s), {span}, {c['bands'][0]}-{c['bands'][1]} bands, "
+        out.print(f"  {show(name)}: {c['items']} item(s), {span}, {c['bands'][0]}-{c['bands'][1]} bands, "
                   f"{c['georeferenced']} georeferenced, {c['unknown_time']} with unknown time")
 
 
@@ -223,9 +223,9 @@ def reindex_cmd(
         out = out_console()
         out.print(f"indexed {report.indexed} item(s)")
         for sid in report.built:
-            out.print(f"  built item {escape(sid)} from its scene record")
+            out.print(f"  built item {show(sid)} from its scene record")
         for path, why in report.corrupt:
-            err_console().print(f"[red]skipped[/red] {escape(path)}: {escape(why)}")
+            err_console().print(f"[red]skipped[/red] {show(path)}: {show(why)}")
     if report.corrupt:
         raise typer.Exit(1)
 
@@ -244,7 +244,7 @@ def export_cmd(
             n = cat.export_geoparquet(output)
         except (CubelakeError, OSError) as exc:
             raise _fail(exc if isinstance(exc, CubelakeError) else CubelakeError(f"{output}: {exc}")) from None
-    out_console().print(f"{n} item(s) -> {escape(str(output))}")
+    out_console().print(f"{n} item(s) -> {show(str(output))}")
 
 
 @catalog_app.command("validate")
@@ -275,8 +275,8 @@ def validate_cmd(
         out.print(f"{report.checked} STAC file(s) checked: {report.checked - len(report.invalid)} valid, "
                   f"{len(report.invalid)} invalid")
         for path, problems in report.invalid.items():
-            err_console().print(f"[red]invalid[/red] {escape(path)}")
+            err_console().print(f"[red]invalid[/red] {show(path)}")
             for problem in problems:
-                err_console().print(f"    {escape(problem)}")
+                err_console().print(f"    {show(problem)}")
     if not report.ok:
         raise typer.Exit(1)

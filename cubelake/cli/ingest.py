@@ -20,10 +20,10 @@ from cubelake.ingest import (
     SourceOptions,
     ValidationReport,
     iter_ingest,
+    iter_validate,
     load_profile,
-    validate,
 )
-from cubelake.lake import Lake
+from cubelake.lake import Lake, safe_scene_id
 
 from ._render import (
     QUIET,
@@ -115,6 +115,14 @@ def _render_result(out: Console, r: IngestResult) -> None:
     out.file.flush()
 
 
+def _render_report(out: Console, r: ValidationReport) -> None:
+    head = "[green]ok      [/green]" if r.ok else "[red]rejected[/red]"
+    shape = "x".join(map(str, r.shape)) if r.shape else "?"
+    out.print(f"{head} {show(r.path)}  [dim]{r.format or '?'} (band,y,x)={shape} {r.dtype or ''}[/dim]")
+    _print_issues(out, r)
+    out.file.flush()
+
+
 def _render_summary(out: Console, results: list[IngestResult]) -> None:
     counts = {o: sum(r.outcome is o for r in results) for o in Outcome}
     out.print(
@@ -192,25 +200,31 @@ def validate_cmd(
     configure_output(verbose, quiet)
     opts = _options(profile, "cog", chunk, None, None, _limits(max_bytes, max_dimension, max_bands), variable, axes,
                     False)
+    reports: list[ValidationReport] = []
+    out = out_console()
     try:
         with progress_bars(fmt is OutputFormat.text) as on_event:
-            reports = validate(paths, opts, progress=on_event)
+            for r in iter_validate(paths, opts, progress=on_event):
+                reports.append(r)
+                if fmt is OutputFormat.text:
+                    _render_report(out, r)
     except KeyboardInterrupt:
         err_console().print("interrupted")
         raise typer.Exit(130) from None
     if report_dir is not None:
         report_dir.mkdir(parents=True, exist_ok=True)
-        for r in reports:
-            (report_dir / (Path(r.path).name + ".validation.json")).write_text(r.to_json() + "\n")
+        used: set[str] = set()
+        for r in reports:  # safe names, and a second x.tif from another folder does not overwrite the first
+            name = safe_scene_id(Path(r.path).name)
+            stem, n = name, 1
+            while name in used:
+                n += 1
+                name = f"{stem}-{n}"
+            used.add(name)
+            (report_dir / f"{name}.validation.json").write_text(r.to_json() + "\n")
     if fmt is OutputFormat.json:
         print_json({"reports": [r.to_dict() for r in reports]})
     else:
-        out = out_console()
-        for r in reports:
-            head = "[green]ok      [/green]" if r.ok else "[red]rejected[/red]"
-            shape = "x".join(map(str, r.shape)) if r.shape else "?"
-            out.print(f"{head} {show(r.path)}  [dim]{r.format or '?'} (band,y,x)={shape} {r.dtype or ''}[/dim]")
-            _print_issues(out, r)
         bad = sum(not r.ok for r in reports)
         out.print(f"\n{len(reports)} scene(s): {len(reports) - bad} ok, {bad} rejected")
     raise typer.Exit(1 if any(not r.ok for r in reports) else 0)

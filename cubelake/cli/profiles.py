@@ -6,7 +6,7 @@ import typer
 
 from cubelake.ingest import builtin_profiles, load_profile
 
-from ._render import escape, out_console, print_json
+from ._render import out_console, print_json, show
 from .ingest import OutputFormat
 
 
@@ -23,4 +23,4 @@ def profiles_cmd(
         return
     out = out_console()
     for r in rows:
-        out.print(f"[bold]{escape(r['name'])}[/bold]  {escape(r['path'])}\n    {escape(r['description'])}")
+        out.print(f"[bold]{show(r['name'])}[/bold]  {show(r['path'])}\n    {show(r['description'])}")

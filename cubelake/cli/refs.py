@@ -9,7 +9,7 @@ import typer
 
 from cubelake.errors import CubelakeError
 
-from ._render import QUIET, VERBOSE, configure_output, escape, fail, out_console, print_json
+from ._render import QUIET, VERBOSE, configure_output, fail, out_console, print_json, show
 from .ingest import OutputFormat
 
 refs_app = typer.Typer(help="Kerchunk references: virtual Zarr over (cloud-optimized) GeoTIFF tiles.",
@@ -55,10 +55,10 @@ def build_cmd(
         path = write_refs(refs, output, _format(refs_format))  # type: ignore[arg-type]
     except CubelakeError as exc:
         raise fail(exc) from None
-    out_console().print(f"{refs.n_chunks} chunks of {escape(source)} -> {escape(str(path))}")
+    out_console().print(f"{refs.n_chunks} chunks of {show(source)} -> {show(str(path))}")
     hint = _outside_hint([t.url for t in relative_targets(refs, path.parent).targets], path)
     if hint:
-        out_console().print(f"note: {escape(hint)}")
+        out_console().print(f"note: {show(hint)}")
 
 
 @refs_app.command("combine")
@@ -83,10 +83,10 @@ def combine_cmd(
         path = write_refs(stacked, output, _format(refs_format))  # type: ignore[arg-type]
     except CubelakeError as exc:
         raise fail(exc) from None
-    out_console().print(f"{len(refs)} scenes, {stacked.n_chunks} chunks -> {escape(str(path))}")
+    out_console().print(f"{len(refs)} scenes, {stacked.n_chunks} chunks -> {show(str(path))}")
     hint = _outside_hint([t.url for t in relative_targets(stacked, path.parent).targets], path)
     if hint:
-        out_console().print(f"note: {escape(hint)}")
+        out_console().print(f"note: {show(hint)}")
 
 
 @refs_app.command("check")
@@ -126,7 +126,7 @@ def check_cmd(
     if fmt is OutputFormat.json:
         print_json(info)
         return
-    out_console().print(f"ok: {escape(str(refs))} ({info['format']}): data {tuple(arr.shape)} in chunks "
+    out_console().print(f"ok: {show(str(refs))} ({info['format']}): data {tuple(arr.shape)} in chunks "
                         f"{tuple(arr.chunks)}, {len(info['targets'])} target(s) unchanged and allowed")
 
 
@@ -145,4 +145,4 @@ def allow_cmd(
         added = Lake(lake, create=False).allow_root(root)
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
-    out_console().print(f"{'allowed' if added else 'already allowed'}: {escape(root)}")
+    out_console().print(f"{'allowed' if added else 'already allowed'}: {show(root)}")
