@@ -84,11 +84,13 @@ def is_disk_full(exc: BaseException) -> bool:
 
 def format_bytes(n: float) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
+        if abs(n) < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
 
 
 def _mount_of(path: Path) -> tuple[str, str]:

@@ -18,9 +18,18 @@ from typing import Any
 
 from .errors import CubelakeError
 
-__all__ = ["open_dataset"]
+__all__ = ["open_dataset", "scene_product"]
 
 _SPECTRAL_COORDS = ("wavelength", "fwhm")
+
+
+def scene_product(folder: Path, products: dict[str, Any], prefer: Sequence[str]) -> tuple[str, Path] | None:
+    """``(kind, path)`` of the first of ``prefer`` a scene record's ``products`` has, or ``None``."""
+    for kind in prefer:
+        info = products.get(kind)
+        if info:
+            return kind, folder / str(info["path"])
+    return None
 
 
 def _product_path(path: Path, prefer: Sequence[str]) -> tuple[str, Path]:
@@ -37,9 +46,9 @@ def _product_path(path: Path, prefer: Sequence[str]) -> tuple[str, Path]:
         products = json.loads(record_file.read_text()).get("products") or {}
     except (OSError, ValueError) as exc:
         raise CubelakeError(f"{record_file}: unreadable scene record ({exc})") from exc
-    for kind in prefer:
-        if kind in products and kind in ("zarr", "refs"):
-            return kind, path / str(products[kind]["path"])
+    found = scene_product(path, products, [k for k in prefer if k in ("zarr", "refs")])
+    if found is not None:
+        return found
     raise CubelakeError(f"{path}: the scene has no {' or '.join(prefer)} product (it has {sorted(products)}); "
                         "re-ingest it with --products zarr or refs, or open its COG with rioxarray")
 

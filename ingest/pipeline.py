@@ -45,7 +45,7 @@ from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
 
-from .acqtime import acquisition_time
+from .acqtime import AcquisitionTime, acquisition_time
 from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink, dataset_tags
 from .footprint import ValidMask, footprint_from_mask
@@ -564,6 +564,42 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
     return info, note
 
 
+def _cube_spec(plan: ScenePlan, meta: SceneMetadata, scene_id: str, cfg_hash: str) -> CubeSpec:
+    """What both pixel products describe: bands, grid, encoding, and the attributes that name the scene."""
+    cal = plan.calibration
+    data_attrs = {
+        "long_name": cal.quantity or "calibrated values",
+        **({"units": cal.unit} if cal.unit else {}),
+        "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
+    }
+    return CubeSpec.from_bands(
+        plan.bands,
+        height=meta.height,
+        width=meta.width,
+        encoding=cal.encoding,
+        transform=meta.transform,
+        crs_wkt=meta.crs_wkt,
+        attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
+               "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
+               **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
+        data_attrs=data_attrs,
+    )
+
+
+def _acquisition(inp: SceneInput, meta: SceneMetadata, profile: SensorProfile,
+                 report: ValidationReport) -> AcquisitionTime:
+    """The scene's acquisition time (metadata, file name or profile); a warning in ``report`` when unknown."""
+    acq = acquisition_time(meta.datetime, str(inp.path), profile.time, datetime.now(UTC))
+    if acq.source == "unknown":
+        report.extend([warning(
+            Code.UNKNOWN_TIME,
+            ("the metadata's acquisition time " + repr(meta.datetime) + " is not ISO 8601, and "
+             if meta.datetime else "no acquisition time in the metadata, ")
+            + f"no time in the file name for profile '{profile.name}', and none in the profile: no "
+            "datetime search will find this scene. Give time.filename_pattern or time.datetime in a profile")])
+    return acq
+
+
 def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
            settings: dict[str, Any], cfg_hash: str, hasher: _Background,
            previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
@@ -589,23 +625,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         cog = None
         zarr_path = staged / f"{scene_id}.zarr"
         cog_path = staged / f"{scene_id}.tif"
-        data_attrs = {
-            "long_name": cal.quantity or "calibrated values",
-            **({"units": cal.unit} if cal.unit else {}),
-            "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
-        }
-        cube_spec = CubeSpec.from_bands(
-            plan.bands,
-            height=meta.height,
-            width=meta.width,
-            encoding=cal.encoding,
-            transform=meta.transform,
-            crs_wkt=meta.crs_wkt,
-            attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
-                   "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
-                   **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
-            data_attrs=data_attrs,
-        )
+        cube_spec = _cube_spec(plan, meta, scene_id, cfg_hash)
         if "zarr" in options.products:
             create_zarr(zarr_path, cube_spec, chunk=plan.chunk, codec=options.zarr_codec, shard=shard,
                         labels_dtype=opened.labels.dtype if opened.labels is not None else None)
@@ -670,14 +690,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
                                     "media_type": "application/vnd+zarr; version=3"}
         phys = result.stats.physical(cal.selection.keep, cal.linear)
         fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
-        acq = acquisition_time(meta.datetime, str(inp.path), plan.profile.time, datetime.now(UTC))
-        if acq.source == "unknown":
-            report.extend([warning(
-                Code.UNKNOWN_TIME,
-                ("the metadata's acquisition time " + repr(meta.datetime) + " is not ISO 8601, and "
-                 if meta.datetime else "no acquisition time in the metadata, ")
-                + f"no time in the file name for profile '{plan.profile.name}', and none in the profile: no "
-                "datetime search will find this scene. Give time.filename_pattern or time.datetime in a profile")])
+        acq = _acquisition(inp, meta, plan.profile, report)
         prints = hasher.result()
         c_hash = content_hash(prints)
         record_core["content_hash"] = c_hash
@@ -731,21 +744,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(staged / ITEM_FILE, item_json(item))
         emit("publish")
-        with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
-            fault_point("before-products", scene_id)
-            target = lake.publish(staged, scene_id)
-            fault_point("after-products", scene_id)
-            try:
-                catalog.publish(scene_id)
-            except CatalogError as exc:
-                if is_disk_full(exc):
-                    raise LakeFullError(
-                        f"{scene_id}: the products are published in {target}, but the catalog index could not take "
-                        f"its item because the {lake.space_text()}. Free space and run the ingest again: it "
-                        "completes the index") from exc
-                raise CatalogError(
-                    f"{scene_id}: the products are published in {target}, but indexing its catalog item failed "
-                    f"({exc}); the next ingest retries it, or run 'cubelake catalog reindex'") from exc
+        target = _publish(lake, staged, scene_id)
     emit("done")
     return IngestResult(
         str(inp.path), scene_id, Outcome.INGESTED, report,
@@ -754,6 +753,29 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         products={k: str(target / v) for k, v in products.items()},
         seconds=time.perf_counter() - t0,
     )
+
+
+def _publish(lake: Lake, staged: Path, scene_id: str) -> Path:
+    """Move the staged scene into the lake and index its item; the published folder.
+
+    A ``.pending`` marker spans the two steps, so a crash between them is completed by the next run.
+    """
+    with LakeCatalog(lake) as catalog, catalog.pending(scene_id):
+        fault_point("before-products", scene_id)
+        target = lake.publish(staged, scene_id)
+        fault_point("after-products", scene_id)
+        try:
+            catalog.publish(scene_id)
+        except CatalogError as exc:
+            if is_disk_full(exc):
+                raise LakeFullError(
+                    f"{scene_id}: the products are published in {target}, but the catalog index could not take "
+                    f"its item because the {lake.space_text()}. Free space and run the ingest again: it "
+                    "completes the index") from exc
+            raise CatalogError(
+                f"{scene_id}: the products are published in {target}, but indexing its catalog item failed "
+                f"({exc}); the next ingest retries it, or run 'cubelake catalog reindex'") from exc
+    return target
 
 
 def iter_ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,

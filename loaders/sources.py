@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from cubelake.errors import CubelakeError
+from cubelake.products import scene_product
 
 from .plan import ChunkGrid
 from .storage import S3Options, split_url
@@ -391,11 +392,9 @@ def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | 
     sid = str(record.get("id") or folder.name)
     products = record.get("products") or {}
     labels = folder / f"{sid}.labels.tif"
-    for kind in prefer:
-        info = products.get(kind)
-        if not info:
-            continue
-        p = str(folder / info["path"])
+    found = scene_product(folder, products, prefer)
+    if found is not None:
+        kind, p = found[0], str(found[1])
         if kind == "zarr":
             return _open_zarr(p, sid, options, record)
         if kind == "refs":

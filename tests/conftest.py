@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +34,22 @@ def _real_data() -> Path:
 
 #: Tests fail, not skip, if the real scenes are missing.
 REAL = _real_data()
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The real ``cubelake`` command in a new process; the test fails (TimeoutExpired) if it hangs."""
+    return subprocess.run([sys.executable, "-m", "cubelake.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}, errors="backslashreplace",
+                          check=False)
+
+
+def no_traceback(res: subprocess.CompletedProcess[str]) -> str:
+    """stdout + stderr of a command run, after checking no traceback or "cubelake bug" reached the user."""
+    out = res.stdout + res.stderr
+    assert "Traceback" not in out, out
+    assert "cubelake bug" not in out, out
+    return out
 
 
 @pytest.fixture(scope="session")

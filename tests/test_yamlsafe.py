@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 from cubelake.errors import ConfigError, ProfileError
 from cubelake.ingest import load_profile
 from cubelake.yamlsafe import YamlLimits, load_yaml
+from tests.conftest import no_traceback, run_cli
 
 
 def _bomb(levels: int = 9, key: str = "stac:\n  properties:\n    x: ") -> str:
@@ -68,10 +67,9 @@ def test_profiles_go_through_the_bounded_loader(tmp_path: Path) -> None:
     p.write_text(_bomb())
     with pytest.raises(ProfileError, match="alias bomb"):
         load_profile(p)
-    res = subprocess.run([sys.executable, "-m", "cubelake.cli", "ingest", "--lake", str(tmp_path / "lake"),
-                          "--profile", str(p), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    res = run_cli("ingest", "--lake", str(tmp_path / "lake"), "--profile", str(p), str(tmp_path), timeout=60)
     assert res.returncode == 2
-    assert "Traceback" not in res.stdout + res.stderr
+    no_traceback(res)
     assert "alias bomb" in res.stderr
     assert not (tmp_path / "lake" / "scenes").exists() or not any((tmp_path / "lake" / "scenes").iterdir())
 

@@ -71,6 +71,21 @@ def _list_v73(h: Any) -> list[_Var]:
     return out
 
 
+def _open_v73(path: Path) -> tuple[Any, list[_Var]]:
+    """The open HDF5 file of a v7.3 MAT file and its numeric variables; a damaged file is a SceneReadError."""
+    import h5py
+
+    h5 = None
+    try:
+        h5 = h5py.File(path, "r")
+        return h5, _list_v73(h5)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:  # truncated or damaged HDF5
+        if h5 is not None:
+            h5.close()
+        raise SceneReadError(f"{path}: not a readable MATLAB v7.3 (HDF5) file ({exc}); it is damaged or "
+                             "truncated. Re-copy it, or re-save it from MATLAB") from exc
+
+
 def _scalar(v: Any) -> int | None:
     a = np.asarray(v)
     if a.size == 1 and a.dtype.kind in "uif":
@@ -150,14 +165,7 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
     issues: list[Issue] = []
     h5: h5py.File | None = None
     if v73:
-        try:
-            h5 = h5py.File(path, "r")
-            vars_ = _list_v73(h5)
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:  # truncated or damaged HDF5
-            if h5 is not None:
-                h5.close()
-            raise SceneReadError(f"{path}: not a readable MATLAB v7.3 (HDF5) file ({exc}); it is damaged or "
-                                 "truncated. Re-copy it, or re-save it from MATLAB") from exc
+        h5, vars_ = _open_v73(path)
     else:
         vars_ = _list_v5(path)
     try:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +16,11 @@ from cubelake.catalog import LakeCatalog, Query
 from cubelake.errors import CatalogError
 from cubelake.ingest import IngestOptions, ingest
 
-from ..conftest import hsi_cube, write_geotiff
+from ..conftest import hsi_cube, no_traceback, write_geotiff
+from ..conftest import run_cli as cubelake
 from .conftest import RealLake
 
 INDEX = "catalog.sqlite"
-
-
-def cubelake(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cubelake.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, check=False)
-
-
-def no_traceback(res: subprocess.CompletedProcess[str]) -> None:
-    assert "Traceback" not in res.stdout + res.stderr, res.stderr
-    assert "cubelake bug" not in res.stdout + res.stderr
 
 
 def one_line(text: str) -> str:
