@@ -140,3 +140,58 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     name = "t-" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{uuid.uuid4().hex[:6]}"
     s3_server.client().create_bucket(Bucket=name)
     return name
+
+
+@dataclass(frozen=True)
+class AuthS3:
+    """A moto server that checks credentials and IAM policies (``INITIAL_NO_AUTH_ACTION_COUNT``)."""
+
+    endpoint: str
+    bucket: str
+    keys: dict[str, tuple[str, str]]  # user -> (access key id, secret); "admin": s3:*, "reader": get/list only
+
+    def options(self, user: str) -> dict[str, str]:
+        key, secret = self.keys[user]
+        return {"endpoint_url": self.endpoint, "key": key, "secret": secret, "region": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def auth_s3() -> Iterator[AuthS3]:
+    """moto in its own process with authentication on: the first 6 IAM calls (made here) need none."""
+    import json
+    import socket
+    import time
+
+    import boto3
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "6"}
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
+                           region_name="us-east-1")
+        keys = {}
+        for user, actions in (("admin", ["s3:*"]), ("reader", ["s3:GetObject", "s3:ListBucket"])):
+            iam.create_user(UserName=user)
+            k = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = (k["AccessKeyId"], k["SecretAccessKey"])
+            doc = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+            iam.put_user_policy(UserName=user, PolicyName="p", PolicyDocument=json.dumps(doc))
+        admin = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=keys["admin"][0],
+                             aws_secret_access_key=keys["admin"][1], region_name="us-east-1")
+        admin.create_bucket(Bucket="authed")
+        yield AuthS3(endpoint, "authed", keys)
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -1,0 +1,678 @@
+"""The one storage seam: every byte cubelake reads or writes on a lake, a source or a target.
+
+A :class:`Store` is a root URL (a local folder, ``memory://name``, ``s3://bucket/prefix``,
+``gs://``, ``az://``) plus keys below it, served by obstore (Rust; releases the GIL, pools
+connections, retries with backoff, multipart uploads). The operations are the object-store
+ones every backend shares: ``get``, ranged ``get_ranges``, ``head`` (size, ETag, mtime),
+``put`` (unconditional, create-only ``If-None-Match: *``, or replace-only ``If-Match: <etag>``),
+``list``, ``delete`` and ``copy``. Errors come back as :class:`StorageError` subclasses that name
+the URL and say what to do (missing bucket, rejected credentials, permission denied, an
+unreachable endpoint), never as obstore's debug dumps.
+
+S3 configuration follows the ecosystem's conventions (:class:`S3Options`): ``AWS_ENDPOINT_URL``
+(or ``AWS_ENDPOINT_URL_S3``), ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
+``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ALLOW_HTTP=true`` for plain-http endpoints, and
+explicit ``storage_options`` (s3fs-style keys are accepted too) that win over the environment.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import datetime as dt
+import os
+import posixpath
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .errors import CubelakeError
+
+__all__ = [
+    "CommitConflict",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "S3Options",
+    "StorageError",
+    "Store",
+    "check_fork_safe",
+    "is_url",
+    "join_url",
+    "open_store",
+    "parent_url",
+    "split_url",
+]
+
+_MULTIPART_CHUNK = 8 * 1024 * 1024  # a put of a file streams in parts of this size (bounded memory)
+_REMOTE = ("s3", "gs", "gcs", "az", "azure", "abfs", "memory", "http", "https")
+
+
+class StorageError(CubelakeError, OSError):
+    """An object store refused or failed an operation; the message names the URL and the fix."""
+
+
+class ObjectNotFound(StorageError, FileNotFoundError):
+    """No object at that key."""
+
+
+class CommitConflict(StorageError):
+    """A conditional put lost: the object exists (create) or changed since it was read (replace)."""
+
+
+# -- URLs -----------------------------------------------------------------
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(scheme, rest)``: ``("file", path)`` for local paths, else e.g. ``("s3", "bucket/key")``."""
+    if "://" not in url:
+        return "file", url
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            return "file", "//" + parts.netloc + unquote(parts.path)  # a UNC-style host: never under a local root
+        return "file", unquote(parts.path)
+    return scheme, parts.netloc + parts.path
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """Whether a location names an object store (``s3://``, ``memory://`` ...), not a local path."""
+    s = str(location)
+    return "://" in s and split_url(s)[0] != "file"
+
+
+def join_url(root: str, *keys: str) -> str:
+    """``root`` with keys appended by ``/`` (a local root stays a local path)."""
+    out = str(root).rstrip("/")
+    for k in keys:
+        if k:
+            out = f"{out}/{k.strip('/')}"
+    return out
+
+
+def check_key(key: str) -> str:
+    """A key safe to join under a root: relative, no ``..`` or empty segments, no control characters."""
+    k = key.strip("/")
+    parts = k.split("/")
+    if not k or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in k) or "\\" in k:
+        raise StorageError(f"{key!r}: not a valid object key (relative, '/'-separated, no '..' or empty parts)")
+    return k
+
+
+# -- configuration ----------------------------------------------------------
+
+_TRUE = ("1", "true", "yes", "on")
+_ALIASES = {
+    "endpoint_url": ("endpoint_url", "endpoint"), "region": ("region", "region_name"),
+    "access_key_id": ("access_key_id", "aws_access_key_id", "key"),
+    "secret_access_key": ("secret_access_key", "aws_secret_access_key", "secret"),
+    "session_token": ("session_token", "aws_session_token", "token"), "anonymous": ("anonymous", "anon"),
+}
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach an S3-compatible store; unset fields fall back to the ``AWS_*`` environment."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    anonymous: bool = False
+    allow_http: bool | None = None  # None: plain http only when the endpoint says http://
+    max_retries: int = 3
+    retry_timeout_s: float = 30.0  # a run never waits on an unreachable endpoint longer than this per request
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 300.0
+    extra: Mapping[str, str] = field(default_factory=dict)  # further obstore S3 config keys, passed through
+
+    @classmethod
+    def coerce(cls, options: S3Options | Mapping[str, Any] | None) -> S3Options:
+        """Options from an :class:`S3Options`, an s3fs-style mapping, or ``None`` (the environment only)."""
+        if isinstance(options, S3Options):
+            return options
+        o = dict(options or {})
+        kw: dict[str, Any] = {}
+        client_kwargs = o.pop("client_kwargs", None) or {}
+        if "endpoint_url" in client_kwargs:
+            o.setdefault("endpoint_url", client_kwargs["endpoint_url"])
+        for name, keys in _ALIASES.items():
+            for k in keys:
+                if k in o:
+                    kw[name] = o.pop(k)
+        names = {f.name for f in fields(cls)}
+        for k in list(o):
+            if k in names:
+                kw[k] = o.pop(k)
+        if o:
+            kw["extra"] = {str(k): str(v) for k, v in o.items()}
+        return cls(**kw)
+
+    def resolved(self) -> S3Options:
+        """These options with the environment filled in where a field is unset."""
+        env = os.environ
+        endpoint = self.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        allow_http = self.allow_http
+        if allow_http is None:
+            allow_http = env.get("AWS_ALLOW_HTTP", "").lower() in _TRUE or str(endpoint or "").startswith("http://")
+        key = self.access_key_id or env.get("AWS_ACCESS_KEY_ID")
+        secret = self.secret_access_key or env.get("AWS_SECRET_ACCESS_KEY")
+        token = self.session_token or (env.get("AWS_SESSION_TOKEN") if not self.access_key_id else None)
+        return replace(self, endpoint_url=endpoint, allow_http=allow_http, access_key_id=key, secret_access_key=secret,
+                       session_token=token,
+                       region=self.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1")
+
+    def obstore_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of obstore's ``S3Store`` (config, client options, retry config)."""
+        r = self.resolved()
+        cfg: dict[str, Any] = {"region": r.region, **dict(r.extra)}
+        if r.anonymous:
+            cfg["skip_signature"] = True
+        elif r.access_key_id and r.secret_access_key:
+            cfg.update(access_key_id=r.access_key_id, secret_access_key=r.secret_access_key)
+            if r.session_token:
+                cfg["token"] = r.session_token
+        if r.endpoint_url:
+            cfg["endpoint"] = r.endpoint_url
+            cfg.setdefault("virtual_hosted_style_request", False)
+        client = {"allow_http": bool(r.allow_http), "connect_timeout": f"{r.connect_timeout_s:g}s",
+                  "timeout": f"{r.request_timeout_s:g}s"}
+        retry = {"max_retries": r.max_retries, "retry_timeout": dt.timedelta(seconds=r.retry_timeout_s)}
+        return {"config": cfg, "client_options": client, "retry_config": retry}
+
+    def fsspec_options(self) -> dict[str, Any]:
+        """The same settings as s3fs ``storage_options`` (for kerchunk/fsspec readers)."""
+        r = self.resolved()
+        out: dict[str, Any] = {"anon": True} if r.anonymous else {}
+        if r.access_key_id and not r.anonymous:
+            out.update(key=r.access_key_id, secret=r.secret_access_key)
+            if r.session_token:
+                out["token"] = r.session_token
+        if r.endpoint_url:
+            out["endpoint_url"] = r.endpoint_url
+        out["client_kwargs"] = {"region_name": r.region}
+        return out
+
+    def gdal_env(self) -> Any:
+        """A ``rasterio.Env`` that lets GDAL read ``/vsis3/`` with these settings."""
+        import rasterio
+        from rasterio.session import AWSSession
+
+        r = self.resolved()
+        opts: dict[str, Any] = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"}
+        kw: dict[str, Any] = {"region_name": r.region}
+        if r.anonymous:
+            kw["aws_unsigned"] = True
+        elif r.access_key_id:
+            kw.update(aws_access_key_id=r.access_key_id, aws_secret_access_key=r.secret_access_key,
+                      aws_session_token=r.session_token)
+        if r.endpoint_url:
+            kw["endpoint_url"] = r.endpoint_url.split("://", 1)[-1]
+            opts.update(AWS_HTTPS="NO" if r.endpoint_url.startswith("http://") else "YES", AWS_VIRTUAL_HOSTING="FALSE")
+        return rasterio.Env(session=AWSSession(**kw), **opts)
+
+    def ident(self) -> tuple[Any, ...]:
+        """A hashable identity (clients are shared between equal options)."""
+        r = self.resolved()
+        return tuple(getattr(r, f.name) if f.name != "extra" else tuple(sorted(r.extra.items())) for f in fields(r))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What ``head``/``list``/``put`` tell about an object."""
+
+    key: str
+    size: int
+    etag: str | None
+    mtime: dt.datetime | None
+
+
+# -- errors ---------------------------------------------------------------
+
+_HINTS = (
+    (("nosuchbucket",), "the bucket does not exist; create it or correct the URL"),
+    (("invalidaccesskeyid", "signaturedoesnotmatch", "invalidtoken", "expiredtoken", "unauthenticated",
+      "401 unauthorized"),
+     "the credentials were rejected; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) "
+     "or pass storage_options"),
+    (("accessdenied", "403 forbidden", "permission denied"),
+     "permission denied; grant these credentials access to this bucket and prefix (s3:GetObject, s3:PutObject, "
+     "s3:ListBucket, s3:DeleteObject)"),
+    (("error sending request", "connection refused", "dns error", "timed out", "tcp connect", "operation timed out"),
+     "the endpoint cannot be reached; check AWS_ENDPOINT_URL (or endpoint_url), the network, and AWS_ALLOW_HTTP=true "
+     "for a plain-http endpoint"),
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).split("\n\nDebug source:")[0].strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def translate(exc: BaseException, url: str, what: str) -> CubelakeError:
+    """A cubelake error for an obstore/OS failure of ``what`` on ``url``."""
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    if isinstance(exc, CubelakeError):
+        return exc
+    text = str(exc).lower()
+    if isinstance(exc, AlreadyExistsError):
+        return CommitConflict(f"{url}: already exists ({what} with If-None-Match: * lost to another writer)")
+    if isinstance(exc, PreconditionError):
+        return CommitConflict(f"{url}: changed since it was read ({what} with If-Match lost to another writer)")
+    for needles, hint in _HINTS:
+        if any(n in text for n in needles):
+            return StorageError(f"{url}: cannot {what}: {hint}")
+    if isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
+        return ObjectNotFound(f"{url}: no such object")
+    if isinstance(exc, PermissionError) or type(exc).__name__ == "PermissionDeniedError":
+        return StorageError(f"{url}: cannot {what}: permission denied")
+    if isinstance(exc, NotImplementedError):
+        return StorageError(f"{url}: cannot {what}: this store does not support it ({_first_line(exc)})")
+    return StorageError(f"{url}: cannot {what}: {_first_line(exc)}")
+
+
+# -- clients ----------------------------------------------------------------
+
+_OBSTORE_PID: list[int] = []  # the process whose obstore runtime has started
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_MEMORY: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    _CLIENTS.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def check_fork_safe(what: str) -> None:
+    """Refuse to use obstore's network clients in a process forked after its parent started them.
+
+    obstore's Rust runtime does not survive ``fork()``: requests in a forked DataLoader worker
+    hang forever. Spawned workers start clean.
+    """
+    pid = os.getpid()
+    if _OBSTORE_PID and _OBSTORE_PID[0] != pid:
+        raise StorageError(f"{what}: this process was forked after its parent read from an object store (obstore's "
+                           "runtime does not survive fork); create the DataLoader with "
+                           "multiprocessing_context='spawn' (or 'forkserver')")
+    if not _OBSTORE_PID:
+        _OBSTORE_PID.append(pid)
+
+
+def _client(scheme: str, bucket: str, options: S3Options) -> Any:
+    """One obstore client per bucket and options, shared by every :class:`Store` in the process."""
+    from obstore.store import MemoryStore, S3Store, from_url
+
+    ident = (scheme, bucket, options.ident() if scheme == "s3" else ())
+    with _LOCK:
+        client = _CLIENTS.get(ident)
+        if client is not None:
+            return client
+        if scheme == "memory":
+            client = _MEMORY.setdefault(bucket, MemoryStore())
+        elif scheme == "s3":
+            check_fork_safe(f"s3://{bucket}")
+            client = S3Store(bucket, **options.obstore_kwargs())
+        else:
+            check_fork_safe(f"{scheme}://{bucket}")
+            client = from_url(f"{scheme}://{bucket}")
+        _CLIENTS[ident] = client
+        return client
+
+
+def _info(key: str, meta: Mapping[str, Any]) -> ObjectInfo:
+    return ObjectInfo(key, int(meta["size"]), meta.get("e_tag"), meta.get("last_modified"))
+
+
+class Store:
+    """Objects below one root URL; keys are ``/``-separated and relative to the root.
+
+    Local roots are served by obstore's ``LocalStore`` (its puts are atomic: a temporary file and
+    a rename) except where it falls short: ranged reads use ``os.pread`` on cached descriptors
+    (no per-call open, no runtime hop), and ``If-Match`` replacement, which object_store's
+    LocalFileSystem does not implement, is a compare-and-rename under a file lock.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], options: S3Options | Mapping[str, Any] | None = None) -> None:
+        self.options = S3Options.coerce(options)
+        scheme, where = split_url(str(url))
+        self.scheme = "gs" if scheme == "gcs" else scheme
+        if self.scheme == "file":
+            root = Path(where).expanduser().absolute()
+            self.url = str(root)
+            self.bucket, self._prefix = "", str(root).lstrip("/")
+        elif self.scheme in _REMOTE:
+            bucket, _, prefix = where.partition("/")
+            if not bucket:
+                raise StorageError(f"{url}: no bucket in the URL; write {self.scheme}://BUCKET/PREFIX")
+            self.bucket, self._prefix = bucket, prefix.strip("/")
+            self.url = join_url(f"{self.scheme}://{bucket}", self._prefix)
+        else:
+            raise StorageError(f"{url}: unsupported URL scheme {scheme!r}; use a local path, s3://, gs://, az:// "
+                               "or memory://")
+        self._fds: dict[str, tuple[int, int]] = {}
+        self._fd_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def __getstate__(self) -> dict[str, Any]:  # clients and descriptors do not cross processes
+        return {"url": self.url, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["options"])  # type: ignore[misc]
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    @property
+    def client(self) -> Any:
+        if self.is_local:
+            from obstore.store import LocalStore
+
+            return _LOCAL_CLIENT.setdefault("", LocalStore())
+        return _client(self.scheme, self.bucket, self.options)
+
+    def child(self, sub: str) -> Store:
+        """The store rooted at ``sub`` below this one (same client and options)."""
+        return Store(self.url_of(sub), self.options)
+
+    def path(self, key: str) -> str:
+        """The full key inside the bucket (or the absolute path without its leading ``/``)."""
+        k = check_key(key) if key else ""
+        return "/".join(p for p in (self._prefix, k) if p)
+
+    def url_of(self, key: str = "") -> str:
+        return join_url(self.url, check_key(key)) if key else self.url
+
+    def local_path(self, key: str = "") -> Path:
+        """The file behind ``key`` of a local store."""
+        if not self.is_local:
+            raise StorageError(f"{self.url}: not a local folder")
+        return Path(self.url_of(key))
+
+    @contextlib.contextmanager
+    def _op(self, key: str, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CubelakeError:
+            raise
+        except Exception as exc:
+            raise translate(exc, self.url_of(key) if key else self.url, what) from None
+
+    # -- reads ---------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        with self._op(key, "read"):
+            return bytes(obstore.get(self.client, self.path(key)).bytes())
+
+    def get_text(self, key: str, max_bytes: int = 64 * 1024 * 1024) -> str:
+        """A small text object (a record, a pointer), refused when larger than ``max_bytes``."""
+        info = self.head(key)
+        if info.size > max_bytes:
+            raise StorageError(f"{self.url_of(key)}: {info.size} bytes, more than the {max_bytes} a text object may "
+                               "have here; is this the right object?")
+        try:
+            return self.get(key).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StorageError(f"{self.url_of(key)}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+    def head(self, key: str) -> ObjectInfo:
+        import obstore
+
+        with self._op(key, "stat"):
+            return _info(key, obstore.head(self.client, self.path(key)))
+
+    async def head_async(self, key: str) -> ObjectInfo:
+        import obstore
+
+        with self._op(key, "stat"):
+            return _info(key, await obstore.head_async(self.client, self.path(key)))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.head(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> builtins.list[memoryview | bytes]:
+        """Byte ranges ``[start, end)`` of one object, coalesced into few requests by obstore (remote)."""
+        import obstore
+
+        if self.is_local:
+            return self._pread(key, starts, ends)
+        with self._op(key, "read ranges of"):
+            got = obstore.get_ranges(self.client, self.path(key), starts=list(starts), ends=list(ends))
+        return _checked(self.url_of(key), [memoryview(b) for b in got], starts, ends)
+
+    async def get_ranges_async(self, key: str, starts: Sequence[int], ends: Sequence[int],
+                               if_match: str | None = None) -> builtins.list[memoryview | bytes]:
+        import obstore
+
+        if self.is_local:
+            return self._pread(key, starts, ends)
+        with self._op(key, "read ranges of"):
+            if if_match is None:
+                got = await obstore.get_ranges_async(self.client, self.path(key), starts=list(starts), ends=list(ends))
+                return _checked(self.url_of(key), [memoryview(b) for b in got], starts, ends)
+            out: builtins.list[memoryview | bytes] = []
+            for s, e in zip(starts, ends, strict=True):
+                res = await obstore.get_async(self.client, self.path(key), options={"range": (s, e), "if_match": if_match})
+                out.append(memoryview(await res.bytes_async()))
+            return _checked(self.url_of(key), out, starts, ends)
+
+    def _fd(self, path: str) -> int:
+        st = os.stat(path)
+        with self._fd_lock:
+            fd, ino = self._fds.get(path, (-1, -1))
+            if ino != st.st_ino:
+                if fd >= 0:
+                    os.close(fd)
+                # O_NONBLOCK: should the path have become a FIFO since the stat, opening must not hang
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                self._fds[path] = (fd, st.st_ino)
+            return fd
+
+    def _pread(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> builtins.list[memoryview | bytes]:
+        path = str(self.local_path(key)) if key else self.url
+        with self._op(key, "read"):
+            fd = self._fd(path)
+            out: builtins.list[memoryview | bytes] = [os.pread(fd, e - s, s) for s, e in zip(starts, ends, strict=True)]
+        return _checked(path, out, starts, ends)
+
+    def download(self, key: str, dest: str | os.PathLike[str]) -> int:
+        """Stream an object into a local file (written beside it, then renamed); its size."""
+        import obstore
+
+        dest = Path(dest)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        n = 0
+        with self._op(key, "download"), open(tmp, "wb") as f:
+            for chunk in obstore.get(self.client, self.path(key)).stream(min_chunk_size=_MULTIPART_CHUNK):
+                f.write(chunk)
+                n += len(chunk)
+        os.replace(tmp, dest)
+        return n
+
+    def open_reader(self, key: str, buffer_size: int = 1 << 20) -> Any:
+        """A seekable binary file over an object that reads ranges on demand (bounded memory)."""
+        import obstore
+
+        with self._op(key, "open"):
+            return _BinaryReader(obstore.open_reader(self.client, self.path(key), buffer_size=buffer_size))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object below ``prefix`` (keys relative to the store's root), in pages."""
+        import obstore
+
+        base = self.path(prefix)
+        strip = len(self._prefix) + 1 if self._prefix else 0
+        if self.is_local and not Path("/" + base).is_dir():
+            return
+        with self._op(prefix, "list"):
+            for batch in obstore.list(self.client, prefix=base + "/" if base else None, chunk_size=1000):
+                for meta in batch:
+                    yield _info(meta["path"][strip:], meta)
+
+    def list_dirs(self, prefix: str = "") -> tuple[builtins.list[str], builtins.list[ObjectInfo]]:
+        """The "folders" and objects directly below ``prefix`` (one delimiter listing)."""
+        import obstore
+
+        base = self.path(prefix)
+        strip = len(self._prefix) + 1 if self._prefix else 0
+        if self.is_local and not Path("/" + base).is_dir():
+            return [], []
+        with self._op(prefix, "list"):
+            res = obstore.list_with_delimiter(self.client, prefix=base or None)
+        dirs = [p[strip:].rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]]
+        return sorted(dirs), [_info(m["path"][strip:], m) for m in res["objects"]]
+
+    # -- writes ----------------------------------------------------------------
+    def put(self, key: str, data: bytes | memoryview | str | os.PathLike[str], *, create: bool = False,
+            if_match: str | None = None) -> ObjectInfo:
+        """Write an object; ``create=True`` fails if it exists, ``if_match`` unless its ETag is still that.
+
+        ``data`` may be bytes or a local file (streamed in multipart uploads of bounded size).
+        A lost condition raises :class:`CommitConflict`.
+        """
+        import obstore
+
+        if create and if_match is not None:
+            raise ValueError("put: give create=True or if_match, not both")
+        if isinstance(data, str | os.PathLike):
+            payload: Any = Path(data)
+        else:
+            payload = bytes(data) if isinstance(data, memoryview) else data
+        if self.is_local:
+            Path("/" + self.path(key)).parent.mkdir(parents=True, exist_ok=True)
+            if if_match is not None:
+                return self._local_replace(key, payload, if_match)
+        mode: Any = "create" if create else ({"e_tag": if_match} if if_match is not None else "overwrite")
+        with self._op(key, "write"):
+            res = obstore.put(self.client, self.path(key), payload, mode=mode, chunk_size=_MULTIPART_CHUNK,
+                              max_concurrency=4)
+        size = payload.stat().st_size if isinstance(payload, Path) else len(payload)
+        return ObjectInfo(key, size, res.get("e_tag"), None)
+
+    def _local_replace(self, key: str, payload: Any, if_match: str) -> ObjectInfo:
+        """If-Match on a local file: compare the ETag and replace, both under the file's lock."""
+        import filelock
+
+        target = Path("/" + self.path(key))
+        lock = filelock.FileLock(target.with_name(f".{target.name}.lock"))
+        with lock:
+            try:
+                current = self.head(key).etag
+            except ObjectNotFound:
+                current = None
+            if current != if_match:
+                raise CommitConflict(f"{self.url_of(key)}: changed since it was read (ETag {current}, expected "
+                                     f"{if_match}); another writer replaced it")
+            return self.put(key, payload)
+
+    def delete(self, key: str) -> None:
+        """Remove an object (missing is fine)."""
+        import obstore
+
+        with contextlib.suppress(ObjectNotFound), self._op(key, "delete"):
+            obstore.delete(self.client, self.path(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every object below ``prefix``; how many were removed."""
+        import obstore
+
+        keys = [o.key for o in self.list(prefix)]
+        for i in range(0, len(keys), 1000):
+            with self._op(prefix, "delete"):
+                obstore.delete(self.client, [self.path(k) for k in keys[i:i + 1000]])
+        if self.is_local and keys:
+            _prune_empty(Path("/" + self.path(prefix)))
+        return len(keys)
+
+    def copy(self, src: str, dst: str) -> None:
+        """Server-side copy of one object within this store (replacing ``dst``; S3 has no copy-if-absent)."""
+        import obstore
+
+        if self.is_local:
+            Path("/" + self.path(dst)).parent.mkdir(parents=True, exist_ok=True)
+        with self._op(src, "copy"):
+            obstore.copy(self.client, self.path(src), self.path(dst))
+
+
+_LOCAL_CLIENT: dict[str, Any] = {}
+
+
+def _prune_empty(folder: Path) -> None:
+    """Remove ``folder`` and the empty folders below it (local stores; object stores have none)."""
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _checked(url: str, parts: list[memoryview | bytes], starts: Sequence[int],
+             ends: Sequence[int]) -> list[memoryview | bytes]:
+    for data, s, e in zip(parts, starts, ends, strict=True):
+        if len(data) != e - s:
+            raise StorageError(f"{url}: short read, {len(data)} of {e - s} bytes at offset {s} (object truncated?)")
+    return parts
+
+
+class _BinaryReader:
+    """obstore's buffered object reader as a binary file whose reads return ``bytes`` (tifffile needs them)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._r = reader
+
+    def __enter__(self) -> _BinaryReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self._r.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._r.tell())
+
+    def read(self, size: int | None = -1) -> bytes:
+        return bytes(self._r.read(size if size is not None and size >= 0 else None))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def open_store(url: str | os.PathLike[str], options: S3Options | Mapping[str, Any] | None = None) -> Store:
+    """The :class:`Store` rooted at ``url`` (a local path or an object-store URL)."""
+    return Store(url, options)
+
+
+def parent_url(url: str) -> str:
+    """The folder (prefix) holding ``url``."""
+    scheme, where = split_url(url)
+    if scheme == "file":
+        return os.path.dirname(where) or where
+    return f"{scheme}://{posixpath.dirname(where)}"

@@ -1,0 +1,213 @@
+"""Conformance of the storage seam: the same tests on a local folder, memory and a real S3-protocol server."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubelake.storage import (
+    CommitConflict,
+    ObjectNotFound,
+    S3Options,
+    StorageError,
+    Store,
+    is_url,
+    open_store,
+)
+
+from .conftest import AuthS3, S3Server
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "local":
+        return open_store(tmp_path / "root")
+    if request.param == "memory":
+        return open_store(f"memory://m-{uuid.uuid4().hex[:8]}/root")
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/root", server.options)
+
+
+def test_put_get_head_roundtrip(store: Store) -> None:
+    info = store.put("a/b.bin", b"hello world")
+    assert info.size == 11
+    assert info.etag
+    assert store.get("a/b.bin") == b"hello world"
+    head = store.head("a/b.bin")
+    assert head.size == 11
+    assert head.etag == info.etag
+    assert head.mtime is not None
+    assert store.exists("a/b.bin")
+    assert not store.exists("a/c.bin")
+    assert store.get_text("a/b.bin") == "hello world"
+
+
+def test_ranges_return_exact_bytes(store: Store) -> None:
+    data = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    store.put("blob", data)
+    starts, ends = [0, 10, 99_990, 5_000], [4, 4_010, 100_000, 70_000]
+    got = store.get_ranges("blob", starts, ends)
+    assert [bytes(g) for g in got] == [data[s:e] for s, e in zip(starts, ends, strict=True)]
+    with pytest.raises(StorageError):  # past the end of the object: never silently short
+        store.get_ranges("blob", [99_000], [100_100])
+
+
+def test_missing_keys_raise_object_not_found(store: Store) -> None:
+    for op in (lambda: store.get("nope"), lambda: store.head("nope"), lambda: store.get_ranges("nope", [0], [1])):
+        with pytest.raises(ObjectNotFound) as exc:
+            op()
+        assert isinstance(exc.value, FileNotFoundError)
+        assert "nope" in str(exc.value)
+    store.delete("nope")  # deleting what is not there is fine
+
+
+def test_conditional_create_conflicts(store: Store) -> None:
+    store.put("ptr", b"first", create=True)
+    with pytest.raises(CommitConflict, match="already exists"):
+        store.put("ptr", b"second", create=True)
+    assert store.get("ptr") == b"first"
+
+
+def test_conditional_replace_by_etag(store: Store) -> None:
+    first = store.put("ptr", b"v1")
+    second = store.put("ptr", b"v2", if_match=first.etag)
+    assert store.get("ptr") == b"v2"
+    assert second.etag != first.etag
+    with pytest.raises(CommitConflict, match="changed since it was read"):
+        store.put("ptr", b"v3", if_match=first.etag)  # stale ETag: another writer won
+    assert store.get("ptr") == b"v2"
+
+
+def test_etag_changes_with_content(store: Store) -> None:
+    a = store.put("k", b"one").etag
+    b = store.put("k", b"two, longer").etag
+    assert a != b
+    assert store.head("k").etag == b
+
+
+def test_listing_with_prefixes(store: Store) -> None:
+    for key in ("scenes/a/x.json", "scenes/a/sub/y.bin", "scenes/ab/z.json", "scenes/b/x.json", "other.txt"):
+        store.put(key, key.encode())
+    assert sorted(o.key for o in store.list("scenes/a")) == ["scenes/a/sub/y.bin", "scenes/a/x.json"]
+    assert sorted(o.key for o in store.list()) == sorted(
+        ["scenes/a/x.json", "scenes/a/sub/y.bin", "scenes/ab/z.json", "scenes/b/x.json", "other.txt"])
+    dirs, objs = store.list_dirs("scenes")
+    assert dirs == ["a", "ab", "b"]
+    assert objs == []
+    dirs, objs = store.list_dirs("scenes/a")
+    assert dirs == ["sub"]
+    assert [o.key for o in objs] == ["scenes/a/x.json"]
+    assert list(store.list("nothing-here")) == []
+    assert store.delete_prefix("scenes/a") == 2
+    assert sorted(o.key for o in store.list("scenes")) == ["scenes/ab/z.json", "scenes/b/x.json"]
+
+
+def test_large_object_streams_in_parts(store: Store, tmp_path: Path) -> None:
+    src = tmp_path / "big.bin"
+    rng = np.random.default_rng(1)
+    with open(src, "wb") as f:
+        for _ in range(5):  # 20 MiB: more than two multipart parts
+            f.write(rng.integers(0, 256, 4 * 1024 * 1024, dtype=np.uint8).tobytes())
+    info = store.put("big/cube.bin", src)
+    assert info.size == src.stat().st_size == store.head("big/cube.bin").size
+    out = tmp_path / "back.bin"
+    assert store.download("big/cube.bin", out) == info.size
+    assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+    with store.open_reader("big/cube.bin") as fh:
+        fh.seek(12_345_678)
+        assert fh.read(100) == src.read_bytes()[12_345_678:12_345_778]
+
+
+def test_copy_and_child(store: Store) -> None:
+    store.put("v/1/a.txt", b"A")
+    store.copy("v/1/a.txt", "v/2/a.txt")
+    child = store.child("v/2")
+    assert child.get("a.txt") == b"A"
+    assert child.url == store.url_of("v/2")
+    store.put("v/1/a.txt", b"B")
+    store.copy("v/1/a.txt", "v/2/a.txt")  # replaces
+    assert child.get("a.txt") == b"B"
+
+
+def test_keys_cannot_escape_the_root(store: Store) -> None:
+    for bad in ("../outside", "a/../../b", "a//b", "a/./b", "a\\b", "bad\x00key"):
+        with pytest.raises(StorageError, match="not a valid object key"):
+            store.put(bad, b"x")
+
+
+def test_pickles_to_a_working_store(store: Store) -> None:
+    store.put("p", b"pickled")
+    again = pickle.loads(pickle.dumps(store))
+    if store.scheme != "memory":  # a memory store lives in one process; a pickle carries its URL only
+        assert again.get("p") == b"pickled"
+    assert again.url == store.url
+
+
+def test_urls_and_options() -> None:
+    assert is_url("s3://b/k")
+    assert is_url("memory://x")
+    assert not is_url("/tmp/x")
+    assert not is_url("file:///tmp/x")
+    opts = S3Options.coerce({"endpoint_url": "http://127.0.0.1:9", "key": "K", "secret": "S", "anon": False})
+    kw = opts.obstore_kwargs()
+    assert kw["config"]["access_key_id"] == "K"
+    assert kw["client_options"]["allow_http"] is True
+    assert S3Options.coerce(opts) is opts
+    with pytest.raises(StorageError, match="unsupported URL scheme"):
+        Store("ftp://host/x")
+    with pytest.raises(StorageError, match="no bucket"):
+        Store("s3:///prefix")
+
+
+def test_environment_configures_s3(s3_server: S3Server, s3_bucket: str) -> None:
+    """AWS_ENDPOINT_URL, AWS_ALLOW_HTTP and the key variables are honoured in a fresh process."""
+    code = (f"from cubelake.storage import open_store; s = open_store('s3://{s3_bucket}/env'); s.put('k', b'v'); "
+            "print(s.get('k').decode())")
+    env = {"PATH": "/usr/bin:/bin", "AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "v"
+
+
+# -- clear errors against real servers ---------------------------------------------
+
+
+def test_missing_bucket_is_named(s3_server: S3Server) -> None:
+    store = open_store("s3://no-such-bucket-here/lake", s3_server.options)
+    with pytest.raises(StorageError, match=r"s3://no-such-bucket-here/lake/x: cannot write: the bucket does not exist"):
+        store.put("x", b"1")
+    with pytest.raises(StorageError, match="bucket does not exist"):
+        list(store.list())
+
+
+def test_unreachable_endpoint_fails_fast() -> None:
+    import time
+
+    store = open_store("s3://bucket/lake", {"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s",
+                                            "retry_timeout_s": 3})
+    t0 = time.monotonic()
+    with pytest.raises(StorageError, match="endpoint cannot be reached; check AWS_ENDPOINT_URL"):
+        store.get("x")
+    assert time.monotonic() - t0 < 15
+
+
+def test_rejected_credentials_and_denied_permission(auth_s3: AuthS3) -> None:
+    admin = open_store(f"s3://{auth_s3.bucket}/p", auth_s3.options("admin"))
+    admin.put("obj", b"data")
+    reader = open_store(f"s3://{auth_s3.bucket}/p", auth_s3.options("reader"))
+    assert reader.get("obj") == b"data"
+    with pytest.raises(StorageError, match=r"/p/new: cannot write: permission denied; grant these credentials"):
+        reader.put("new", b"x")
+    bad = open_store(f"s3://{auth_s3.bucket}/p", {**auth_s3.options("admin"), "secret": "wrong"})
+    with pytest.raises(StorageError, match="credentials were rejected; set AWS_ACCESS_KEY_ID"):
+        bad.get("obj")
+    assert not admin.exists("new")
