@@ -22,6 +22,8 @@ import contextlib
 import datetime as dt
 import os
 import posixpath
+import shutil
+import stat
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -33,6 +35,7 @@ from .errors import CubelakeError
 
 __all__ = [
     "CommitConflict",
+    "ForkedClientError",
     "ObjectInfo",
     "ObjectNotFound",
     "S3Options",
@@ -41,6 +44,7 @@ __all__ = [
     "check_fork_safe",
     "is_url",
     "join_url",
+    "object_at",
     "open_store",
     "parent_url",
     "split_url",
@@ -56,6 +60,10 @@ class StorageError(CubelakeError, OSError):
 
 class ObjectNotFound(StorageError, FileNotFoundError):
     """No object at that key."""
+
+
+class ForkedClientError(StorageError, RuntimeError):
+    """obstore used in a process forked after its parent started obstore's runtime (it would hang)."""
 
 
 class CommitConflict(StorageError):
@@ -299,7 +307,7 @@ def check_fork_safe(what: str) -> None:
     """
     pid = os.getpid()
     if _OBSTORE_PID and _OBSTORE_PID[0] != pid:
-        raise StorageError(f"{what}: this process was forked after its parent read from an object store (obstore's "
+        raise ForkedClientError(f"{what}: this process was forked after its parent read from an object store (obstore's "
                            "runtime does not survive fork); create the DataLoader with "
                            "multiprocessing_context='spawn' (or 'forkserver')")
     if not _OBSTORE_PID:
@@ -331,23 +339,159 @@ def _info(key: str, meta: Mapping[str, Any]) -> ObjectInfo:
     return ObjectInfo(key, int(meta["size"]), meta.get("e_tag"), meta.get("last_modified"))
 
 
+def _local_info(key: str, st: os.stat_result) -> ObjectInfo:
+    etag = f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
+    return ObjectInfo(key, st.st_size, etag, dt.datetime.fromtimestamp(st.st_mtime_ns / 1e9, dt.UTC))
+
+
+class _Local:
+    """A local folder as an object store, in plain Python.
+
+    Not obstore's ``LocalStore``: obstore's runtime does not survive ``fork()`` (a forked
+    DataLoader worker reading a local lake hung forever), and object_store's LocalFileSystem
+    implements no ``If-Match`` put. Writes go to a temporary file, are fsynced and renamed
+    (readers see the old object or the new, never a torn one); create-only puts use ``link``,
+    which never replaces; ``If-Match`` compares and renames under a file lock.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fds: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def file(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def head(self, key: str) -> ObjectInfo:
+        st = os.stat(self.file(key))
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(f"{self.file(key)}: not a regular file")
+        return _local_info(key, st)
+
+    def get(self, key: str) -> bytes:
+        return self.file(key).read_bytes()
+
+    def fd(self, path: str) -> int:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device must never be opened (it could block forever)
+            raise FileNotFoundError(f"{path}: not a regular file")
+        with self._lock:
+            fd, ino = self._fds.get(path, (-1, -1))
+            if ino != st.st_ino:
+                if fd >= 0:
+                    os.close(fd)
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                self._fds[path] = (fd, st.st_ino)
+            return fd
+
+    def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> builtins.list[memoryview | bytes]:
+        fd = self.fd(str(self.file(key)))
+        return [os.pread(fd, e - s, s) for s, e in zip(starts, ends, strict=True)]
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = self.file(prefix)
+        if not base.is_dir():
+            return
+        for folder, dirs, files in os.walk(base):
+            dirs.sort()
+            for name in sorted(files):
+                if name.startswith(".") and name.endswith((".tmp", ".lock")):
+                    continue  # our own temporary and lock files are not objects
+                p = Path(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    st = p.lstat()
+                    if stat.S_ISREG(st.st_mode):
+                        yield _local_info(p.relative_to(self.root).as_posix(), st)
+
+    def list_dirs(self, prefix: str) -> tuple[builtins.list[str], builtins.list[ObjectInfo]]:
+        base = self.file(prefix)
+        if not base.is_dir():
+            return [], []
+        dirs, objs = [], []
+        for e in sorted(os.scandir(base), key=lambda e: e.name):
+            if e.is_dir(follow_symlinks=False):
+                dirs.append(e.name)
+            elif e.is_file(follow_symlinks=False) and not (e.name.startswith(".") and e.name.endswith((".tmp", ".lock"))):
+                objs.append(_local_info(Path(e.path).relative_to(self.root).as_posix(), e.stat(follow_symlinks=False)))
+        return dirs, objs
+
+    def _write_tmp(self, target: Path, payload: bytes | Path) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        if isinstance(payload, Path):
+            shutil.copyfile(payload, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        else:
+            with open(tmp, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
+    def put(self, key: str, payload: bytes | Path, create: bool, if_match: str | None) -> ObjectInfo:
+        target = self.file(key)
+        tmp = self._write_tmp(target, payload)
+        try:
+            if create:
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise CommitConflict(f"{target}: already exists (create-only put lost to another writer)") from None
+            elif if_match is not None:
+                self._replace_if(key, tmp, if_match)
+            else:
+                os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return self.head(key)
+
+    def _replace_if(self, key: str, tmp: Path, if_match: str) -> None:
+        import filelock
+
+        target = self.file(key)
+        with filelock.FileLock(target.with_name(f".{target.name}.lock")):
+            try:
+                current = self.head(key).etag
+            except FileNotFoundError:
+                current = None
+            if current != if_match:
+                raise CommitConflict(f"{target}: changed since it was read (ETag {current}, expected {if_match}); "
+                                     "another writer replaced it")
+            os.replace(tmp, target)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.file(key).unlink()
+
+    def copy(self, src: str, dst: str) -> None:
+        tmp = self._write_tmp(self.file(dst), self.file(src))
+        os.replace(tmp, self.file(dst))
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
 class Store:
     """Objects below one root URL; keys are ``/``-separated and relative to the root.
 
-    Local roots are served by obstore's ``LocalStore`` (its puts are atomic: a temporary file and
-    a rename) except where it falls short: ranged reads use ``os.pread`` on cached descriptors
-    (no per-call open, no runtime hop), and ``If-Match`` replacement, which object_store's
-    LocalFileSystem does not implement, is a compare-and-rename under a file lock.
+    Object stores (S3, GCS, Azure, memory) are served by obstore; a local folder by :class:`_Local`
+    (plain Python: see there why not obstore's LocalStore).
     """
 
     def __init__(self, url: str | os.PathLike[str], options: S3Options | Mapping[str, Any] | None = None) -> None:
         self.options = S3Options.coerce(options)
         scheme, where = split_url(str(url))
         self.scheme = "gs" if scheme == "gcs" else scheme
+        self._local: _Local | None = None
         if self.scheme == "file":
             root = Path(where).expanduser().absolute()
-            self.url = str(root)
-            self.bucket, self._prefix = "", str(root).lstrip("/")
+            self.url, self.bucket, self._prefix = str(root), "", ""
+            self._local = _Local(root)
         elif self.scheme in _REMOTE:
             bucket, _, prefix = where.partition("/")
             if not bucket:
@@ -357,8 +501,6 @@ class Store:
         else:
             raise StorageError(f"{url}: unsupported URL scheme {scheme!r}; use a local path, s3://, gs://, az:// "
                                "or memory://")
-        self._fds: dict[str, tuple[int, int]] = {}
-        self._fd_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -371,14 +513,10 @@ class Store:
 
     @property
     def is_local(self) -> bool:
-        return self.scheme == "file"
+        return self._local is not None
 
     @property
     def client(self) -> Any:
-        if self.is_local:
-            from obstore.store import LocalStore
-
-            return _LOCAL_CLIENT.setdefault("", LocalStore())
         return _client(self.scheme, self.bucket, self.options)
 
     def child(self, sub: str) -> Store:
@@ -386,7 +524,7 @@ class Store:
         return Store(self.url_of(sub), self.options)
 
     def path(self, key: str) -> str:
-        """The full key inside the bucket (or the absolute path without its leading ``/``)."""
+        """The full key inside the bucket."""
         k = check_key(key) if key else ""
         return "/".join(p for p in (self._prefix, k) if p)
 
@@ -395,9 +533,9 @@ class Store:
 
     def local_path(self, key: str = "") -> Path:
         """The file behind ``key`` of a local store."""
-        if not self.is_local:
+        if self._local is None:
             raise StorageError(f"{self.url}: not a local folder")
-        return Path(self.url_of(key))
+        return self._local.file(check_key(key) if key else "")
 
     @contextlib.contextmanager
     def _op(self, key: str, what: str) -> Iterator[None]:
@@ -408,11 +546,16 @@ class Store:
         except Exception as exc:
             raise translate(exc, self.url_of(key) if key else self.url, what) from None
 
+    def _key(self, key: str) -> str:
+        return check_key(key) if key else ""
+
     # -- reads ---------------------------------------------------------------
     def get(self, key: str) -> bytes:
         import obstore
 
         with self._op(key, "read"):
+            if self._local is not None:
+                return self._local.get(self._key(key))
             return bytes(obstore.get(self.client, self.path(key)).bytes())
 
     def get_text(self, key: str, max_bytes: int = 64 * 1024 * 1024) -> str:
@@ -430,11 +573,15 @@ class Store:
         import obstore
 
         with self._op(key, "stat"):
+            if self._local is not None:
+                return self._local.head(self._key(key))
             return _info(key, obstore.head(self.client, self.path(key)))
 
     async def head_async(self, key: str) -> ObjectInfo:
         import obstore
 
+        if self._local is not None:
+            return self.head(key)
         with self._op(key, "stat"):
             return _info(key, await obstore.head_async(self.client, self.path(key)))
 
@@ -446,49 +593,35 @@ class Store:
         return True
 
     def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> builtins.list[memoryview | bytes]:
-        """Byte ranges ``[start, end)`` of one object, coalesced into few requests by obstore (remote)."""
+        """Byte ranges ``[start, end)`` of one object (coalesced into few requests by obstore, remotely)."""
         import obstore
 
-        if self.is_local:
-            return self._pread(key, starts, ends)
         with self._op(key, "read ranges of"):
-            got = obstore.get_ranges(self.client, self.path(key), starts=list(starts), ends=list(ends))
-        return _checked(self.url_of(key), [memoryview(b) for b in got], starts, ends)
+            if self._local is not None:
+                got: builtins.list[memoryview | bytes] = self._local.get_ranges(self._key(key), starts, ends)
+            else:
+                raw = obstore.get_ranges(self.client, self.path(key), starts=list(starts), ends=list(ends))
+                got = [memoryview(b) for b in raw]
+        return _checked(self.url_of(key), got, starts, ends)
 
     async def get_ranges_async(self, key: str, starts: Sequence[int], ends: Sequence[int],
                                if_match: str | None = None) -> builtins.list[memoryview | bytes]:
+        """:meth:`get_ranges` for event loops; ``if_match``: fail with :class:`CommitConflict` if the ETag moved."""
         import obstore
 
-        if self.is_local:
-            return self._pread(key, starts, ends)
+        if self._local is not None:
+            return self.get_ranges(key, starts, ends)
+        out: builtins.list[memoryview | bytes] = []
         with self._op(key, "read ranges of"):
             if if_match is None:
-                got = await obstore.get_ranges_async(self.client, self.path(key), starts=list(starts), ends=list(ends))
-                return _checked(self.url_of(key), [memoryview(b) for b in got], starts, ends)
-            out: builtins.list[memoryview | bytes] = []
-            for s, e in zip(starts, ends, strict=True):
-                res = await obstore.get_async(self.client, self.path(key), options={"range": (s, e), "if_match": if_match})
-                out.append(memoryview(await res.bytes_async()))
-            return _checked(self.url_of(key), out, starts, ends)
-
-    def _fd(self, path: str) -> int:
-        st = os.stat(path)
-        with self._fd_lock:
-            fd, ino = self._fds.get(path, (-1, -1))
-            if ino != st.st_ino:
-                if fd >= 0:
-                    os.close(fd)
-                # O_NONBLOCK: should the path have become a FIFO since the stat, opening must not hang
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-                self._fds[path] = (fd, st.st_ino)
-            return fd
-
-    def _pread(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> builtins.list[memoryview | bytes]:
-        path = str(self.local_path(key)) if key else self.url
-        with self._op(key, "read"):
-            fd = self._fd(path)
-            out: builtins.list[memoryview | bytes] = [os.pread(fd, e - s, s) for s, e in zip(starts, ends, strict=True)]
-        return _checked(path, out, starts, ends)
+                raw = await obstore.get_ranges_async(self.client, self.path(key), starts=list(starts), ends=list(ends))
+                out = [memoryview(b) for b in raw]
+            else:
+                for s, e in zip(starts, ends, strict=True):
+                    res = await obstore.get_async(self.client, self.path(key),
+                                                  options={"range": (s, e), "if_match": if_match})
+                    out.append(memoryview(await res.bytes_async()))
+        return _checked(self.url_of(key), out, starts, ends)
 
     def download(self, key: str, dest: str | os.PathLike[str]) -> int:
         """Stream an object into a local file (written beside it, then renamed); its size."""
@@ -497,10 +630,15 @@ class Store:
         dest = Path(dest)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
         n = 0
-        with self._op(key, "download"), open(tmp, "wb") as f:
-            for chunk in obstore.get(self.client, self.path(key)).stream(min_chunk_size=_MULTIPART_CHUNK):
-                f.write(chunk)
-                n += len(chunk)
+        with self._op(key, "download"):
+            if self._local is not None:
+                shutil.copyfile(self._local.file(self._key(key)), tmp)
+                n = tmp.stat().st_size
+            else:
+                with open(tmp, "wb") as f:
+                    for chunk in obstore.get(self.client, self.path(key)).stream(min_chunk_size=_MULTIPART_CHUNK):
+                        f.write(chunk)
+                        n += len(chunk)
         os.replace(tmp, dest)
         return n
 
@@ -509,16 +647,21 @@ class Store:
         import obstore
 
         with self._op(key, "open"):
+            if self._local is not None:
+                self._local.head(self._key(key))  # a regular file, not a FIFO
+                return open(self._local.file(self._key(key)), "rb")
             return _BinaryReader(obstore.open_reader(self.client, self.path(key), buffer_size=buffer_size))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object below ``prefix`` (keys relative to the store's root), in pages."""
         import obstore
 
+        if self._local is not None:
+            with self._op(prefix, "list"):
+                yield from self._local.list(self._key(prefix))
+            return
         base = self.path(prefix)
         strip = len(self._prefix) + 1 if self._prefix else 0
-        if self.is_local and not Path("/" + base).is_dir():
-            return
         with self._op(prefix, "list"):
             for batch in obstore.list(self.client, prefix=base + "/" if base else None, chunk_size=1000):
                 for meta in batch:
@@ -528,12 +671,12 @@ class Store:
         """The "folders" and objects directly below ``prefix`` (one delimiter listing)."""
         import obstore
 
-        base = self.path(prefix)
-        strip = len(self._prefix) + 1 if self._prefix else 0
-        if self.is_local and not Path("/" + base).is_dir():
-            return [], []
         with self._op(prefix, "list"):
+            if self._local is not None:
+                return self._local.list_dirs(self._key(prefix))
+            base = self.path(prefix)
             res = obstore.list_with_delimiter(self.client, prefix=base or None)
+        strip = len(self._prefix) + 1 if self._prefix else 0
         dirs = [p[strip:].rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]]
         return sorted(dirs), [_info(m["path"][strip:], m) for m in res["objects"]]
 
@@ -549,67 +692,72 @@ class Store:
 
         if create and if_match is not None:
             raise ValueError("put: give create=True or if_match, not both")
-        if isinstance(data, str | os.PathLike):
-            payload: Any = Path(data)
-        else:
-            payload = bytes(data) if isinstance(data, memoryview) else data
-        if self.is_local:
-            Path("/" + self.path(key)).parent.mkdir(parents=True, exist_ok=True)
-            if if_match is not None:
-                return self._local_replace(key, payload, if_match)
-        mode: Any = "create" if create else ({"e_tag": if_match} if if_match is not None else "overwrite")
+        payload: Any = Path(data) if isinstance(data, str | os.PathLike) else bytes(data)
         with self._op(key, "write"):
+            if self._local is not None:
+                return self._local.put(self._key(key), payload, create, if_match)
+            mode: Any = "create" if create else ({"e_tag": if_match} if if_match is not None else "overwrite")
             res = obstore.put(self.client, self.path(key), payload, mode=mode, chunk_size=_MULTIPART_CHUNK,
                               max_concurrency=4)
         size = payload.stat().st_size if isinstance(payload, Path) else len(payload)
         return ObjectInfo(key, size, res.get("e_tag"), None)
 
-    def _local_replace(self, key: str, payload: Any, if_match: str) -> ObjectInfo:
-        """If-Match on a local file: compare the ETag and replace, both under the file's lock."""
-        import filelock
+    def close(self) -> None:
+        """Close cached file descriptors (local); clients of object stores are shared and stay."""
+        if self._local is not None:
+            self._local.close()
 
-        target = Path("/" + self.path(key))
-        lock = filelock.FileLock(target.with_name(f".{target.name}.lock"))
-        with lock:
-            try:
-                current = self.head(key).etag
-            except ObjectNotFound:
-                current = None
-            if current != if_match:
-                raise CommitConflict(f"{self.url_of(key)}: changed since it was read (ETag {current}, expected "
-                                     f"{if_match}); another writer replaced it")
-            return self.put(key, payload)
+    def zarr_store(self, *, read_only: bool = True) -> Any:
+        """A zarr-python 3 store over this root (zarr's LocalStore locally, its ObjectStore over obstore else)."""
+        import zarr.storage
+
+        if self.is_local:
+            return zarr.storage.LocalStore(self.url, read_only=read_only)
+        if self.scheme == "memory":
+            raise StorageError(f"{self.url}: zarr over memory:// stores is not supported; use a local folder or s3://")
+        from obstore.store import S3Store, from_url
+
+        if self.scheme == "s3":
+            check_fork_safe(self.url)
+            client: Any = S3Store(self.bucket, prefix=self._prefix or None, **self.options.obstore_kwargs())
+        else:
+            client = from_url(self.url)
+        return zarr.storage.ObjectStore(client, read_only=read_only)
 
     def delete(self, key: str) -> None:
         """Remove an object (missing is fine)."""
         import obstore
 
         with contextlib.suppress(ObjectNotFound), self._op(key, "delete"):
-            obstore.delete(self.client, self.path(key))
+            if self._local is not None:
+                self._local.delete(self._key(key))
+            else:
+                obstore.delete(self.client, self.path(key))
 
     def delete_prefix(self, prefix: str) -> int:
         """Remove every object below ``prefix``; how many were removed."""
         import obstore
 
         keys = [o.key for o in self.list(prefix)]
+        if self._local is not None:
+            for k in keys:
+                self.delete(k)
+            _prune_empty(self._local.file(self._key(prefix)))
+            return len(keys)
         for i in range(0, len(keys), 1000):
             with self._op(prefix, "delete"):
                 obstore.delete(self.client, [self.path(k) for k in keys[i:i + 1000]])
-        if self.is_local and keys:
-            _prune_empty(Path("/" + self.path(prefix)))
         return len(keys)
 
     def copy(self, src: str, dst: str) -> None:
         """Server-side copy of one object within this store (replacing ``dst``; S3 has no copy-if-absent)."""
         import obstore
 
-        if self.is_local:
-            Path("/" + self.path(dst)).parent.mkdir(parents=True, exist_ok=True)
         with self._op(src, "copy"):
-            obstore.copy(self.client, self.path(src), self.path(dst))
-
-
-_LOCAL_CLIENT: dict[str, Any] = {}
+            if self._local is not None:
+                self._local.copy(self._key(src), self._key(dst))
+            else:
+                obstore.copy(self.client, self.path(src), self.path(dst))
 
 
 def _prune_empty(folder: Path) -> None:
@@ -670,9 +818,21 @@ def open_store(url: str | os.PathLike[str], options: S3Options | Mapping[str, An
     return Store(url, options)
 
 
-def parent_url(url: str) -> str:
-    """The folder (prefix) holding ``url``."""
+def object_at(url: str, options: S3Options | Mapping[str, Any] | None = None) -> tuple[Store, str]:
+    """The store rooted at the folder holding the object at ``url``, and the object's key in it."""
     scheme, where = split_url(url)
     if scheme == "file":
-        return os.path.dirname(where) or where
+        path = Path(where).expanduser().absolute()
+        return Store(path.parent, options), path.name
+    folder, _, name = where.rpartition("/")
+    if not folder or not name:
+        raise StorageError(f"{url}: not an object URL; write {scheme}://BUCKET/KEY")
+    return Store(f"{scheme}://{folder}", options), name
+
+
+def parent_url(url: str) -> str:
+    """The folder (prefix) holding ``url`` (a local one resolved)."""
+    scheme, where = split_url(url)
+    if scheme == "file":
+        return str(Path(where).expanduser().resolve().parent)
     return f"{scheme}://{posixpath.dirname(where)}"

@@ -20,13 +20,13 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - exercised in a subproc
 
 from cubelake.grid import ChunkGrid
 
+from .cache import DiskCache, coalesce
 from .dataset import CubeDataset, Sampling
 from .metrics import LoaderMetrics
 from .plan import EpochPlan, PlanSpec, Randomness, SampleTable, plan_epoch, randomness
 from .reader import ChunkReader, ChunkReadError, ReaderConfig
 from .sources import ChunkSource, ProductError, open_source, open_sources
 from .spectral import Projection, Spectral, fit_pca, select_bands
-from .storage import DiskCache, coalesce
 
 __all__ = [
     "ChunkGrid",

@@ -26,6 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from cubelake.storage import S3Options, check_fork_safe
+
+from .cache import DiskCache
 from .metrics import LoaderMetrics
 from .plan import (
     COL,
@@ -44,7 +47,6 @@ from .plan import (
 from .reader import ChunkReader, ReaderConfig
 from .sources import ChunkSource, ProductError, ProductLike, open_sources
 from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
-from .storage import DiskCache, S3Options, check_fork_safe
 
 __all__ = ["CubeDataset", "Sampling"]
 

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cubelake.errors import CubelakeError
+from cubelake.storage import Store, object_at
 
+from .cache import DiskCache, Range, coalesce
 from .metrics import LoaderMetrics
 from .sources import ChunkSource, Piece
-from .storage import ByteStore, DiskCache, Range, coalesce, open_bytes
 
 __all__ = ["ChunkKey", "ChunkReadError", "ChunkReader", "ReaderConfig"]
 
@@ -90,7 +91,7 @@ class ChunkReader:
         self._failed: dict[ChunkKey, str] = {}
         self._has_fill: dict[ChunkKey, bool] = {}
         self._spare: list[np.ndarray] = []  # evicted chunks, reused as decode buffers
-        self._stores: dict[str, tuple[ByteStore, str]] = {}
+        self._stores: dict[str, tuple[Store, str]] = {}
 
     # -- epoch --------------------------------------------------------------------------------------
 
@@ -212,10 +213,10 @@ class ChunkReader:
 
     # -- loading ------------------------------------------------------------------------------------
 
-    def _store(self, url: str, src: ChunkSource) -> tuple[ByteStore, str]:
+    def _store(self, url: str, src: ChunkSource) -> tuple[Store, str]:
         hit = self._stores.get(url)
         if hit is None:
-            hit = open_bytes(url, src.storage_options)
+            hit = object_at(url, src.storage_options)
             self._stores[url] = hit
         return hit
 

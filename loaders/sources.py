@@ -26,9 +26,9 @@ import numpy as np
 
 from cubelake.errors import CubelakeError
 from cubelake.products import scene_product
+from cubelake.storage import S3Options, open_store, parent_url
 
 from .plan import ChunkGrid
-from .storage import S3Options, split_url
 
 __all__ = ["ChunkSource", "Piece", "ProductError", "ProductLike", "open_source", "open_sources"]
 
@@ -239,20 +239,8 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
     import zarr
     from zarr.codecs import ShardingCodec
 
-    scheme, bucket, key = split_url(url)
-    if scheme == "s3":
-        from obstore.store import S3Store
-        from zarr.storage import ObjectStore
-
-        from cubelake.refs.store import s3_config
-
-        from .storage import check_fork_safe
-
-        check_fork_safe(url)
-        cfg, client = s3_config(options)
-        store: Any = ObjectStore(S3Store(bucket, prefix=key, config=cfg, client_options=client), read_only=True)  # type: ignore[arg-type]
-    else:
-        store = key
+    root = open_store(url, options)
+    store = root.zarr_store()
     try:
         group: Any = zarr.open_group(store, mode="r")
         arr: Any = group["data"]
@@ -281,8 +269,8 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
         stats = {"mean": np.array([np.nan if v is None else v for v in bs["mean"]], float),
                  "std": np.array([np.nan if v is None else v for v in bs["std"]], float)}
     version = str(dict(group.attrs).get("cubelake:content_hash") or "")
-    if not version and scheme == "file":
-        version = str(Path(key, "data", "zarr.json").stat().st_mtime_ns)
+    if not version and root.is_local:
+        version = str(root.local_path("data/zarr.json").stat().st_mtime_ns)
     base = url.rstrip("/") + "/data/"
     grid = ChunkGrid(h, w, ch, cw)
 
@@ -293,10 +281,7 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
         # zarr writes no object for an all-fill chunk; one listing tells which exist
         nonlocal listed
         if not listed:
-            from .storage import open_bytes
-
-            bs, path = open_bytes(url, options)
-            stored.update(bs.list(path.rstrip("/") + "/data"))
+            stored.update(o.key.removeprefix("data/") for o in root.list("data"))
             listed = True
         return stored
 
@@ -378,7 +363,7 @@ def _open_cog(url: str, scene_id: str, options: S3Options | None, record: dict[s
     tmp = Path(tempfile.mkdtemp(prefix="cubelake-cogrefs-"))
     try:  # the references are read into memory on opening; the file is only their way in
         path = write_refs(refs, tmp / f"{scene_id}.refs.json", "json")
-        root = url.rsplit("/", 1)[0] if url.startswith("s3://") else str(Path(split_url(url)[2]).parent)
+        root = parent_url(url)
         return _open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

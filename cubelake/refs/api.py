@@ -9,13 +9,13 @@ trusts, and each target's recorded size and content fingerprint/ETag.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from cubelake.errors import CubelakeError, NotReferenceableError, RefsError
+from cubelake.storage import S3Options, object_at
 
 from .build import reference_tiff
 from .fingerprint import file_fingerprint
@@ -23,7 +23,7 @@ from .formats import LoadedRefs, load_refs
 from .layout import TiffLayout, read_layout
 from .model import RefSet, Target
 from .security import AllowedRoots, split_url
-from .store import RefsStore, S3Options, s3_config, s3_store
+from .store import RefsStore
 
 if TYPE_CHECKING:
     from cubelake.lake import Lake
@@ -110,41 +110,9 @@ def _open_binary(url: str, storage_options: S3Options | None) -> Iterator[Any]:
         return
     if scheme != "s3":
         raise RefsError(f"{url}: only local paths and s3:// URLs can be referenced")
-    import obstore
-
-    bucket, _, key = where.partition("/")
-    reader = obstore.open_reader(s3_store(bucket, storage_options), key, buffer_size=1 << 20)
-    try:
-        yield _BytesReader(reader)
-    finally:
-        reader.close()
-
-
-class _BytesReader(io.RawIOBase):
-    """obstore's buffered object reader as a binary file whose reads return ``bytes`` (tifffile needs them)."""
-
-    def __init__(self, reader: Any) -> None:
-        self._r = reader
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return int(self._r.seek(offset, whence))
-
-    def tell(self) -> int:
-        return int(self._r.tell())
-
-    def read(self, size: int = -1) -> bytes:
-        return bytes(self._r.read(size if size is not None and size >= 0 else None))
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+    store, key = object_at(url, storage_options)
+    with store.open_reader(key) as reader:
+        yield reader
 
 
 def stat_target(url: str, storage_options: S3Options | None = None) -> Target:
@@ -154,11 +122,9 @@ def stat_target(url: str, storage_options: S3Options | None = None) -> Target:
         st = os.stat(where)
         return Target(str(Path(where).resolve()), st.st_size, mtime_ns=st.st_mtime_ns,
                       fingerprint=file_fingerprint(where))
-    import obstore
-
-    bucket, _, key = where.partition("/")
-    head = obstore.head(s3_store(bucket, storage_options), key)
-    return Target(url, int(head["size"]), etag=head.get("e_tag"))
+    store, key = object_at(url, storage_options)
+    head = store.head(key)
+    return Target(url, head.size, etag=head.etag)
 
 
 def tiff_layout(url: str, storage_options: S3Options | None = None) -> TiffLayout:
@@ -172,23 +138,6 @@ def tiff_layout(url: str, storage_options: S3Options | None = None) -> TiffLayou
         raise
     except Exception as exc:  # a damaged header can make tifffile raise almost anything
         raise NotReferenceableError(f"{url}: not a readable TIFF ({type(exc).__name__}: {exc})") from exc
-
-
-def _gdal_env(storage_options: S3Options | None) -> Any:
-    import rasterio
-    from rasterio.session import AWSSession
-
-    cfg, _client = s3_config(storage_options)
-    endpoint = cfg.get("endpoint")
-    opts: dict[str, Any] = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"}
-    kw: dict[str, Any] = {"region_name": cfg.get("region")}
-    if cfg.get("access_key_id"):
-        kw.update(aws_access_key_id=cfg["access_key_id"], aws_secret_access_key=cfg["secret_access_key"])
-    if endpoint:
-        host = str(endpoint).split("://", 1)[-1]
-        kw["endpoint_url"] = host
-        opts.update(AWS_HTTPS="NO" if str(endpoint).startswith("http://") else "YES", AWS_VIRTUAL_HOSTING="FALSE")
-    return rasterio.Env(session=AWSSession(**kw), **opts)
 
 
 def build_refs(url: str, *, chunk: int | None = None, storage_options: S3Options | None = None) -> RefSet:
@@ -206,7 +155,7 @@ def build_refs(url: str, *, chunk: int | None = None, storage_options: S3Options
     target = stat_target(url, storage_options)
     scheme, where = split_url(url)
     gdal_path = where if scheme == "file" else f"/vsis3/{where}"
-    env = _gdal_env(storage_options) if scheme == "s3" else contextlib.nullcontext()
+    env = S3Options.coerce(storage_options).gdal_env() if scheme == "s3" else contextlib.nullcontext()
     with env:
         src = open_gdal(gdal_path)
         try:

@@ -16,24 +16,11 @@ import posixpath
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 from cubelake.errors import UntrustedTargetError
+from cubelake.storage import split_url
 
 __all__ = ["AllowedRoots", "resolve_url", "root_to_allow", "split_url"]
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(scheme, rest)``: ``("file", absolute path)`` for local targets, else e.g. ``("s3", "bucket/key")``."""
-    if "://" not in url:
-        return "file", url
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            return "file", "//" + parts.netloc + unquote(parts.path)  # a UNC-style host: never under a local root
-        return "file", unquote(parts.path)
-    return scheme, parts.netloc + parts.path
 
 
 def resolve_url(url: str, base: str) -> str:

@@ -8,7 +8,7 @@ or ETag (S3, sent as ``If-Match`` with every range request) to what the referenc
 and raises :class:`StaleReferenceError` instead. It also checks every target against the
 allowed roots before anything is read.
 
-Local targets are read with ``os.pread`` on a cached descriptor; S3 targets with obstore.
+Every byte comes through :mod:`cubelake.storage` (local ``os.pread`` on cached descriptors, S3 via obstore).
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import asyncio
 import logging
 import os
 import stat
-import threading
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from zarr.abc.store import (
     ByteRequest,
@@ -32,17 +30,24 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.core.buffer.core import default_buffer_prototype
 
 from cubelake.errors import RefsError, StaleReferenceError
+from cubelake.storage import (
+    CommitConflict,
+    ObjectNotFound,
+    S3Options,
+    StorageError,
+    object_at,
+)
+from cubelake.storage import Store as ObjectStore
 
 from .fingerprint import file_fingerprint
 from .formats import LoadedRefs
 from .model import Target
 from .security import AllowedRoots, split_url
 
-__all__ = ["RefsStore", "S3Options", "s3_config", "s3_store"]
+__all__ = ["RefsStore", "S3Options"]
 
 log = logging.getLogger(__name__)
 
-S3Options = dict[str, Any]
 
 
 def _stale(url: str, what: str) -> StaleReferenceError:
@@ -53,9 +58,8 @@ def _stale(url: str, what: str) -> StaleReferenceError:
 
 class _LocalReader:
     def __init__(self) -> None:
-        self._fds: dict[str, tuple[int, int]] = {}
+        self._root = ObjectStore("/")
         self._checked: dict[str, tuple[int, int, int, int]] = {}  # path -> (dev, ino, size, mtime) found unchanged
-        self._lock = threading.Lock()
 
     def check(self, path: str, t: Target | None, end: int = 0) -> os.stat_result:
         """The file's stat after checking it is a regular file, unchanged against ``t`` and ``end`` bytes long at least."""
@@ -96,117 +100,57 @@ class _LocalReader:
                                "was recorded to tell a copy from a change")
 
     def read(self, path: str, offset: int, length: int, t: Target | None) -> bytes:
-        st = self.check(path, t, offset + length)
+        self.check(path, t, offset + length)
         try:
-            with self._lock:
-                fd, ino = self._fds.get(path, (-1, -1))
-                if ino != st.st_ino:
-                    if fd >= 0:
-                        os.close(fd)
-                    # O_NONBLOCK: should the path have become a FIFO since the stat, opening must not hang
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-                    self._fds[path] = (fd, st.st_ino)
-            data = os.pread(fd, length, offset)
-        except OSError as exc:
-            raise RefsError(f"{path}: cannot read bytes {offset}..{offset + length} ({exc.strerror or exc})") from None
-        if len(data) != length:
-            raise _stale(path, f"only {len(data)} of {length} bytes at offset {offset}")
-        return data
+            return bytes(self._root.get_ranges(path.lstrip("/"), [offset], [offset + length])[0])
+        except StorageError as exc:
+            if "short read" in str(exc):
+                raise _stale(path, f"fewer than {length} bytes at offset {offset}") from None
+            raise RefsError(f"{path}: cannot read bytes {offset}..{offset + length} ({exc})") from None
 
     def close(self) -> None:
-        with self._lock:
-            for fd, _ in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-
-def s3_config(options: S3Options | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """obstore config and client options from s3fs-style options, falling back to ``AWS_*`` variables."""
-    o = dict(options or {})
-    env = os.environ
-    endpoint = o.get("endpoint_url") or o.get("endpoint") or (o.get("client_kwargs") or {}).get("endpoint_url") \
-        or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    cfg: dict[str, Any] = {"region": o.get("region") or o.get("region_name") or env.get("AWS_REGION")
-                           or env.get("AWS_DEFAULT_REGION") or "us-east-1"}
-    key = o.get("key") or o.get("aws_access_key_id") or env.get("AWS_ACCESS_KEY_ID")
-    secret = o.get("secret") or o.get("aws_secret_access_key") or env.get("AWS_SECRET_ACCESS_KEY")
-    if o.get("anon"):
-        cfg["skip_signature"] = True
-    elif key and secret:
-        cfg["access_key_id"] = key
-        cfg["secret_access_key"] = secret
-        token = o.get("token") or env.get("AWS_SESSION_TOKEN")
-        if token:
-            cfg["token"] = token
-    client: dict[str, Any] = {}
-    if endpoint:
-        cfg["endpoint"] = endpoint
-        cfg["virtual_hosted_style_request"] = False
-        if str(endpoint).startswith("http://"):
-            client["allow_http"] = True
-    return cfg, client
-
-
-def s3_store(bucket: str, options: S3Options | None) -> Any:
-    """An obstore ``S3Store`` for ``bucket``, configured by :func:`s3_config`."""
-    from obstore.store import S3Store
-
-    cfg, client = s3_config(options)
-    return S3Store(bucket, config=cfg, client_options=client)  # type: ignore[arg-type]
+        self._root.close()
 
 
 class _S3Reader:
+    """Targets in S3 buckets, through the storage seam (one client per bucket and options)."""
+
     def __init__(self, options: S3Options | None) -> None:
-        self._options = options
-        self._stores: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._options = S3Options.coerce(options)
 
-    def _store(self, bucket: str) -> Any:
-        with self._lock:
-            if bucket not in self._stores:
-                self._stores[bucket] = s3_store(bucket, self._options)
-            return self._stores[bucket]
-
-    @staticmethod
-    def _split(where: str) -> tuple[str, str]:
-        bucket, _, key = where.partition("/")
-        return bucket, key
+    def _split(self, url: str) -> tuple[ObjectStore, str]:
+        return object_at(url, self._options)
 
     async def check(self, url: str, t: Target | None, end: int = 0) -> None:
-        import obstore
-        from obstore.exceptions import NotFoundError
-
-        bucket, key = self._split(split_url(url)[1])
+        store, key = self._split(url)
         try:
-            head = await obstore.head_async(self._store(bucket), key)
-        except (NotFoundError, FileNotFoundError):
+            head = await store.head_async(key)
+        except ObjectNotFound:
             raise StaleReferenceError(f"{url}: referenced object is missing; re-create the references") from None
+        except StorageError as exc:
+            raise RefsError(str(exc)) from None
         if t is not None:
-            if int(head["size"]) != t.size:
-                raise _stale(url, f"size {head['size']} bytes, recorded {t.size}")
-            if t.etag is not None and head.get("e_tag") != t.etag:
-                raise _stale(url, f"ETag {head.get('e_tag')}, recorded {t.etag}")
-        elif int(head["size"]) < end:
-            raise _stale(url, f"{head['size']} bytes, but references reach byte {end}")
+            if head.size != t.size:
+                raise _stale(url, f"size {head.size} bytes, recorded {t.size}")
+            if t.etag is not None and head.etag != t.etag:
+                raise _stale(url, f"ETag {head.etag}, recorded {t.etag}")
+        elif head.size < end:
+            raise _stale(url, f"{head.size} bytes, but references reach byte {end}")
 
     async def read(self, url: str, offset: int, length: int, t: Target | None) -> bytes:
-        import obstore
-        from obstore.exceptions import NotFoundError, PreconditionError
-
-        bucket, key = self._split(split_url(url)[1])
-        opts: dict[str, Any] = {"range": (offset, offset + length)}
-        if t is not None and t.etag is not None:
-            opts["if_match"] = t.etag
+        store, key = self._split(url)
         try:
-            res = await obstore.get_async(self._store(bucket), key, options=opts)  # type: ignore[arg-type]
-            data = bytes(await res.bytes_async())
-        except PreconditionError:
+            got = await store.get_ranges_async(key, [offset], [offset + length],
+                                               if_match=t.etag if t is not None else None)
+        except CommitConflict:
             raise _stale(url, "its ETag no longer matches") from None
-        except (NotFoundError, FileNotFoundError):
+        except ObjectNotFound:
             raise StaleReferenceError(f"{url}: referenced object is missing; re-create the references") from None
-        if len(data) != length:
-            raise _stale(url, f"only {len(data)} of {length} bytes at offset {offset}")
-        return data
+        except StorageError as exc:
+            if "short read" in str(exc):
+                raise _stale(url, f"fewer than {length} bytes at offset {offset}") from None
+            raise RefsError(str(exc)) from None
+        return bytes(got[0])
 
 
 def _span(size: int, byte_range: ByteRequest | None) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from cubelake.loaders import (
     plan_epoch,
     randomness,
 )
+from cubelake.loaders.cache import Range
 from cubelake.loaders.plan import (
     _sample_chunk_ids,
     label_windows,
@@ -23,7 +24,6 @@ from cubelake.loaders.plan import (
     residency,
     sliding_windows,
 )
-from cubelake.loaders.storage import Range
 
 grids_st = st.builds(ChunkGrid, st.integers(20, 300), st.integers(20, 300), st.sampled_from([16, 32, 64]),
                      st.sampled_from([16, 32, 64]))
