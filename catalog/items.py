@@ -300,6 +300,9 @@ def _absolute(href: str, base: str) -> str:
     """``href`` made absolute against the folder ``base``; URLs (``s3://``, ``https://``) and absolute paths stay."""
     if "://" in href or posixpath.isabs(href):
         return href
+    if "://" in base:  # an object-store folder: normalise the key part only (normpath would eat "//")
+        scheme, rest = base.split("://", 1)
+        return f"{scheme}://{posixpath.normpath(posixpath.join(rest, href))}"
     return posixpath.normpath(posixpath.join(base, href))
 
 

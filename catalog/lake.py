@@ -40,7 +40,8 @@ from cubelake.errors import (
     CubelakeError,
     ItemNotFoundError,
 )
-from cubelake.lake import Lake, atomic_write_text, pid_alive, safe_scene_id
+from cubelake.lake import AnyLake, Lake, atomic_write_text, open_lake, pid_alive, safe_scene_id
+from cubelake.storage import is_url
 
 from .index import CatalogIndex, SearchHit, index_rows
 from .items import (
@@ -65,12 +66,21 @@ _T = TypeVar("_T")
 def read_item(path: Path) -> dict[str, Any]:
     """An item JSON file, checked to be a STAC item; raises :class:`CorruptItemError` naming the file."""
     try:
-        item = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise CorruptItemError(f"{path}: unreadable item JSON ({exc})") from exc
+    return parse_item(text, str(path))
+
+
+def parse_item(text: str, where: str) -> dict[str, Any]:
+    """An item's JSON text, checked to be a STAC item; raises :class:`CorruptItemError` naming ``where``."""
+    try:
+        item = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptItemError(f"{where}: unreadable item JSON ({exc})") from exc
     problems = check_item(item)
     if problems:
-        raise CorruptItemError(f"{path}: not a valid STAC item: {'; '.join(problems)}")
+        raise CorruptItemError(f"{where}: not a valid STAC item: {'; '.join(problems)}")
     return item
 
 
@@ -153,8 +163,18 @@ class StacReport:
 class LakeCatalog:
     """The catalog of one lake: publish items, search, show, reindex, export."""
 
-    def __init__(self, lake: Lake | str | Path, *, create: bool = False) -> None:
-        self.lake = lake if isinstance(lake, Lake) else Lake(lake, create=create)
+    def __new__(cls, lake: AnyLake | str | Path, *, create: bool = False) -> LakeCatalog:
+        """An object-store lake (or URL) gets :class:`~cubelake.catalog.remote.ObjectLakeCatalog`."""
+        if cls is LakeCatalog and not isinstance(lake, Lake) and (not isinstance(lake, str | Path) or is_url(str(lake))):
+            from .remote import ObjectLakeCatalog
+
+            return super().__new__(ObjectLakeCatalog)
+        return super().__new__(cls)
+
+    def __init__(self, lake: AnyLake | str | Path, *, create: bool = False) -> None:
+        opened = open_lake(lake, create=create)
+        assert isinstance(opened, Lake)
+        self.lake = opened
         self.root = self.lake.root
         self.index_path = self.root / INDEX_FILE
         self._index: CatalogIndex | None = None

@@ -26,15 +26,17 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 
 from .errors import LakeError
+from .storage import S3Options, Store, is_url, open_store
 
-__all__ = ["LAKE_VERSION", "Lake", "atomic_write_text", "format_bytes", "is_disk_full", "pid_alive", "safe_scene_id"]
+__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "format_bytes", "is_disk_full", "open_lake",
+           "pid_alive", "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +129,18 @@ def _is_skeleton(name: str) -> bool:
 
 
 class Lake:
-    """A lake rooted at a local directory (created on first use)."""
+    """A lake rooted at a local directory (created on first use).
+
+    Local lakes keep publication by ``rename`` (one system call, measured against the object-store
+    protocol in BENCHMARKS.md); :class:`cubelake.object_lake.ObjectLake` is the same lake on an
+    object store. :func:`open_lake` picks the right one for a path or URL.
+    """
+
+    is_local = True
 
     def __init__(self, root: str | Path, *, create: bool = True) -> None:
+        if is_url(str(root)):
+            raise LakeError(f"{root}: an object-store URL, not a folder; open it with cubelake.lake.open_lake")
         self.root = Path(root)
         marker = self.root / "lake.json"
         if not marker.is_file():
@@ -196,6 +207,20 @@ class Lake:
 
     # -- layout -------------------------------------------------------------
     @property
+    def url(self) -> str:
+        return str(self.root)
+
+    @property
+    def store(self) -> Store:
+        """The lake's root as a :class:`~cubelake.storage.Store` (what copy and gc read through)."""
+        return open_store(self.root)
+
+    def scene_location(self, scene_id: str) -> str | None:
+        """The folder of the scene's published products, or ``None``."""
+        folder = self.scene_dir(scene_id)
+        return str(folder) if (folder / "scene.json").is_file() else None
+
+    @property
     def scenes_dir(self) -> Path:
         return self.root / "scenes"
 
@@ -217,6 +242,14 @@ class Lake:
         except (OSError, json.JSONDecodeError) as exc:
             log.warning("unreadable scene record %s: %s", path, exc)
             return None
+
+    def rejected_record(self, scene_id: str) -> dict[str, Any] | None:
+        """The report of the scene's latest rejected attempt, or ``None`` (unreadable ones too)."""
+        try:
+            data = json.loads(self.rejected_path(scene_id).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def scene_ids(self) -> list[str]:
         return sorted(p.name for p in self.scenes_dir.iterdir() if p.is_dir() and (p / "scene.json").is_file())
@@ -335,3 +368,29 @@ class Lake:
         for line in done:
             log.info("%s: %s", self.root, line)
         return done
+
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from .object_lake import ObjectLake
+
+    AnyLake: TypeAlias = "Lake | ObjectLake"
+else:
+    AnyLake = Any
+
+
+def open_lake(root: str | Path | AnyLake, *, create: bool = True,
+              options: S3Options | Mapping[str, Any] | None = None) -> AnyLake:
+    """The lake at ``root``: a :class:`Lake` for a local folder, an ``ObjectLake`` for ``s3://`` (and other) URLs."""
+    if isinstance(root, Lake):
+        return root
+    if not isinstance(root, str | Path):
+        return root  # an ObjectLake already
+    if is_url(str(root)):
+        from .object_lake import ObjectLake
+
+        return ObjectLake(str(root), create=create, options=options)
+    return Lake(root, create=create)
+
+

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cubelake.lake import Lake, safe_scene_id
+from cubelake.lake import AnyLake, safe_scene_id
 
 from .sources import SceneInput, SceneKind
 from .sources.envi import DATA_EXTENSIONS
@@ -106,21 +106,18 @@ def _base_name(inp: SceneInput, tags: dict[str, str] | None) -> str:
     return inp.path.stem
 
 
-def scene_id_for(lake: Lake, inp: SceneInput, tags: dict[str, str] | None = None) -> str:
+def scene_id_for(lake: AnyLake, inp: SceneInput, tags: dict[str, str] | None = None) -> str:
     """A safe, stable id; another source already owning the name gets a path-hash suffix."""
     base = safe_scene_id(_base_name(inp, tags))
     source = str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path)
     for cand in (base, f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"):
         rec = lake.scene_record(cand)
         if rec is None:
-            rej = lake.rejected_path(cand)
-            if rej.is_file():
-                try:
-                    owner = json.loads(rej.read_text()).get("source", {}).get("path")
-                except (OSError, json.JSONDecodeError):
-                    owner = None
-                if owner not in (None, source):
-                    continue
+            rejected = lake.rejected_record(cand) or {}
+            src = rejected.get("source")
+            owner = src.get("path") if isinstance(src, dict) else None
+            if owner not in (None, source):
+                continue
             return cand
         if rec.get("source", {}).get("path") == source:
             return cand

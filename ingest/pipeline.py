@@ -39,11 +39,12 @@ from cubelake.errors import (
     UnsupportedFormatError,
 )
 from cubelake.grid import ChunkGrid
-from cubelake.lake import Lake, atomic_write_text, is_disk_full
+from cubelake.lake import AnyLake, Lake, atomic_write_text, is_disk_full, open_lake
 from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
+from cubelake.storage import join_url
 
 from .acqtime import AcquisitionTime, acquisition_time
 from .calibrate import CFEncoder
@@ -335,7 +336,7 @@ def _keeping_products(options: IngestOptions, previous: dict[str, Any] | None) -
     return dataclasses.replace(options, products=tuple(p for p in PRODUCTS if p in had | set(options.products)))
 
 
-def _reject(lake: Lake, scene_id: str, inp: SceneInput, report: ValidationReport, t0: float,
+def _reject(lake: AnyLake, scene_id: str, inp: SceneInput, report: ValidationReport, t0: float,
             kept_previous: bool) -> IngestResult:
     record = {
         "scene_id": scene_id,
@@ -370,7 +371,7 @@ def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = None,
+def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
                  progress: ProgressCallback | None = None) -> IngestResult:
     """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
     options = options or IngestOptions()
@@ -404,7 +405,7 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
             source.close()
 
 
-def _build_or_skip(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+def _build_or_skip(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
                    previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     """Build the scene's products, unless the published version has the same content and settings."""
     assert opened.plan is not None
@@ -428,14 +429,15 @@ def _build_or_skip(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, 
         return IngestResult(
             str(inp.path), scene_id, Outcome.UNCHANGED, opened.report,
             f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
-            products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
+            products={k: join_url(lake.scene_location(scene_id) or "", v["path"])
+                      for k, v in previous.get("products", {}).items()},
             seconds=time.perf_counter() - t0,
         )
     return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
                           previous, t0, emit)
 
 
-def _guarded_build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+def _guarded_build(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
                    *args: Any) -> IngestResult:
     """:func:`_build`, with a full device reported as such (where, how much is free, how much is needed)."""
     try:
@@ -500,10 +502,12 @@ class _RefsPlan:
     encoding: CFEncoder | None = None
 
 
-def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
+def _refs_plan(opened: _Opened, options: IngestOptions, local_lake: bool = True) -> _RefsPlan:
     assert opened.source is not None
     assert opened.plan is not None
     meta = opened.source.meta
+    if not local_lake:
+        return _RefsPlan(False, "the lake is on an object store: its references point inside it, at its own COG")
     if meta.format != "GTiff" or len(meta.files) != 1:
         return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
     try:
@@ -519,7 +523,7 @@ def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
     return _RefsPlan(True, None, layout, encoding)
 
 
-def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
+def _write_scene_refs(lake: AnyLake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
                       meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[dict[str, Any], str]:
     """Reference the source in place, or the staged COG beside the set; write the set into ``staged``.
 
@@ -600,7 +604,7 @@ def _acquisition(inp: SceneInput, meta: SceneMetadata, profile: SensorProfile,
     return acq
 
 
-def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
+def _build(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
            settings: dict[str, Any], cfg_hash: str, hasher: _Background,
            previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     assert opened.source is not None
@@ -616,7 +620,7 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         "config_hash": cfg_hash,
         "version": __version__,
     }
-    refs_plan = _refs_plan(opened, options) if "refs" in options.products else None
+    refs_plan = _refs_plan(opened, options, lake.is_local) if "refs" in options.products else None
     want_cog = "cog" in options.products or (refs_plan is not None and not refs_plan.in_place)
     if refs_plan is not None and not refs_plan.in_place:
         log.info("%s: referencing a COG copy, not the source, because %s", inp.path, refs_plan.reason)
@@ -750,12 +754,12 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
         str(inp.path), scene_id, Outcome.INGESTED, report,
         f"ingested: {' + '.join(products)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
         f"{cal.encoding.dtype}) -> {target}{refs_note}",
-        products={k: str(target / v) for k, v in products.items()},
+        products={k: join_url(str(target), v) for k, v in products.items()},
         seconds=time.perf_counter() - t0,
     )
 
 
-def _publish(lake: Lake, staged: Path, scene_id: str) -> Path:
+def _publish(lake: AnyLake, staged: Path, scene_id: str) -> Path | str:
     """Move the staged scene into the lake and index its item; the published folder.
 
     A ``.pending`` marker spans the two steps, so a crash between them is completed by the next run.
@@ -778,10 +782,10 @@ def _publish(lake: Lake, staged: Path, scene_id: str) -> Path:
     return target
 
 
-def iter_ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
+def iter_ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
                 progress: ProgressCallback | None = None, labels: str | Path | None = None) -> Iterator[IngestResult]:
     """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes."""
-    lk = lake if isinstance(lake, Lake) else Lake(lake)
+    lk = open_lake(lake)
     try:
         lk.recover()
         with LakeCatalog(lk) as catalog:
@@ -791,17 +795,17 @@ def iter_ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: I
             raise LakeFullError(f"{lk.root}: the lake cannot be written: the {lk.space_text()}. Free space (or use a "
                                 "--lake on another device) and run the same command again") from exc
         raise
-    for scene in discover(paths, labels=labels, skip=(lk.root,)):
+    for scene in discover(paths, labels=labels, skip=(lk.root,) if isinstance(lk, Lake) else ()):
         yield _ingest_one(scene, lk, options, progress)
 
 
-def ingest(paths: Sequence[str | Path], lake: str | Path | Lake, options: IngestOptions | None = None,
+def ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
            progress: ProgressCallback | None = None, labels: str | Path | None = None) -> list[IngestResult]:
     """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
     return list(iter_ingest(paths, lake, options, progress, labels))
 
 
-def _ingest_one(scene: SceneInput, lake: Lake, options: IngestOptions | None,
+def _ingest_one(scene: SceneInput, lake: AnyLake, options: IngestOptions | None,
                 progress: ProgressCallback | None) -> IngestResult:
     t0 = time.perf_counter()
     try:
