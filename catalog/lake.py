@@ -20,6 +20,7 @@ process left: it indexes an item whose products are all there, or drops one that
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -357,6 +358,10 @@ class LakeCatalog:
         for line in done:
             log.info("%s: %s", self.root, line)
         return done
+
+    def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
+        """The local index is updated in place: nothing to collect (``recover`` finishes killed ingests)."""
+        return [] if dry_run else self.recover()
 
     def _recover_one(self, scene_id: str) -> str | None:
         marker = self.root / ".pending" / scene_id

@@ -359,7 +359,7 @@ class ObjectLakeCatalog(LakeCatalog):
                 from None
         return with_absolute_hrefs(item, url) if absolute else item
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:  # the same numbers as a local lake, index_bytes being the snapshot's
         return self.index.stats()
 
     def collection_path(self, collection: str) -> Path:
@@ -388,11 +388,11 @@ class ObjectLakeCatalog(LakeCatalog):
         return n
 
     # -- garbage -----------------------------------------------------------------------
-    def gc(self, grace: dt.timedelta, *, dry_run: bool = False) -> list[str]:
+    def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
         """Delete index snapshots the pointer does not name, older than ``grace``."""
         ptr, _ = self._pointer()
         live = ptr.get("key") if ptr else None
-        now = dt.datetime.now(dt.UTC)
+        now, grace = dt.datetime.now(dt.UTC), grace if grace is not None else dt.timedelta(hours=6)
         lines = []
         for obj in list(self.store.list("catalog/index")):
             if obj.key == live or (obj.mtime is not None and now - obj.mtime < grace):

@@ -18,6 +18,7 @@ restored from ``.trash``.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import errno
 import hashlib
 import json
@@ -194,6 +195,9 @@ class Lake:
         except OSError as exc:
             raise LakeError(f"{self.root}: cannot create the lake here: {exc.strerror or exc}") from exc
 
+    def check_writable(self) -> None:
+        """Nothing to probe: creating the skeleton already wrote into the folder."""
+
     def space_text(self, needed: int | None = None) -> str:
         """Where the lake's bytes go and how much room is left, for disk-full messages."""
         mount, device = _mount_of(self.root)
@@ -337,6 +341,10 @@ class Lake:
         path = self.rejected_path(scene_id)
         atomic_write_text(path, json.dumps(record, indent=2) + "\n")
         return path
+
+    def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
+        """A local lake keeps no old versions (publication renames): gc is crash recovery (staging, trash)."""
+        return [] if dry_run else self.recover()
 
     def recover(self) -> list[str]:
         """Clean up after crashed ingests; returns what was done, one line each."""

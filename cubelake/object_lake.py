@@ -124,6 +124,12 @@ class ObjectLake:
             self.store.put("lake.json", marker.encode(), create=True)
         log.info("%s: created a cubelake lake", self.url)
 
+    def check_writable(self) -> None:
+        """Write and delete one small probe object, so missing write permission is reported before any work."""
+        key = f"rejected/.write-probe-{uuid.uuid4().hex[:12]}"
+        self.store.put(key, b"cubelake write probe\n")
+        self.store.delete(key)
+
     def space_text(self, needed: int | None = None) -> str:
         return f"object store {self.url}" + (f"; this scene needs up to about {needed} bytes" if needed else "")
 
@@ -313,13 +319,13 @@ class ObjectLake:
                     out.append((sid, v))
         return out
 
-    def gc(self, grace: dt.timedelta = dt.timedelta(hours=6), *, dry_run: bool = False) -> list[str]:
+    def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
         """Delete unreferenced versions older than ``grace`` (never a referenced one); one line each.
 
         ``grace`` must exceed the longest ingest: a version being uploaded is not referenced yet.
         """
-        lines = []
-        for sid, version in self.orphan_versions(grace):
+        lines = [] if dry_run else self.recover()
+        for sid, version in self.orphan_versions(grace if grace is not None else dt.timedelta(hours=6)):
             key = f"scenes/{sid}/v/{version}"
             n = 0 if dry_run else self.store.delete_prefix(key)
             lines.append(f"{'would remove' if dry_run else 'removed'} unreferenced version {sid}/{version}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cubelake.hashing import file_blake3
 from cubelake.lake import AnyLake, safe_scene_id
 
 from .sources import SceneInput, SceneKind
@@ -36,26 +37,6 @@ class FileFingerprint:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "blake3": self.blake3}
-
-
-def file_blake3(path: Path) -> str:
-    from blake3 import blake3
-
-    h = blake3()
-    with open(path, "rb") as f:
-        while block := f.read(8 * 1024 * 1024):
-            h.update(block)
-    return h.hexdigest()
-
-
-def tree_blake3(root: Path) -> str:
-    """One BLAKE3 over a directory: each file's relative path, size and BLAKE3, in path order."""
-    from blake3 import blake3
-
-    h = blake3()
-    for p in sorted(q for q in root.rglob("*") if q.is_file()):
-        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0{file_blake3(p)}\n".encode())
-    return h.hexdigest()
 
 
 def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:

@@ -39,6 +39,7 @@ from cubelake.errors import (
     UnsupportedFormatError,
 )
 from cubelake.grid import ChunkGrid
+from cubelake.hashing import file_blake3, tree_blake3
 from cubelake.lake import AnyLake, Lake, atomic_write_text, is_disk_full, open_lake
 from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
@@ -53,10 +54,8 @@ from .footprint import ValidMask, footprint_from_mask
 from .identity import (
     config_hash,
     content_hash,
-    file_blake3,
     fingerprint_files,
     scene_id_for,
-    tree_blake3,
 )
 from .labels import LabelPlan, plan_labels, write_labels
 from .plan import ScenePlan, build_plan
@@ -552,7 +551,10 @@ def _write_scene_refs(lake: AnyLake, scene_id: str, staged: Path, refs_plan: _Re
     refs = reference_tiff(layout, target, spec, tile_size_rule=not own_cog)
     fmt = options.refs_format
     if fmt == "auto":
-        fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD else "json"
+        fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD and lake.is_local else "json"
+    elif fmt == "parquet" and not lake.is_local:
+        log.warning("%s: Parquet references are read from local lakes only; writing JSON to %s", scene_id, lake.url)
+        fmt = "json"
     path = write_refs(refs, staged / f"{scene_id}.refs.{'json' if fmt == 'json' else 'parq'}", fmt)
     info = {
         "path": path.name,

@@ -26,7 +26,7 @@ import numpy as np
 
 from cubelake.errors import CubelakeError
 from cubelake.products import scene_product
-from cubelake.storage import S3Options, open_store, parent_url
+from cubelake.storage import S3Options, is_url, join_url, open_store, parent_url
 
 from .plan import ChunkGrid
 
@@ -389,6 +389,35 @@ def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | 
                        "re-ingest with --products " + ",".join(prefer))
 
 
+def _object_scene_source(url: str, prefer: Sequence[str], options: S3Options | None,
+                         lake: str | Path | None) -> ChunkSource:
+    """A scene of an object-store lake, resolved through its commit object to its published version."""
+    from cubelake.object_lake import ObjectLake
+
+    root, sep, sid = url.rstrip("/").rpartition("/scenes/")
+    if not sep or "/" in sid:
+        raise ProductError(f"{url}: not a lake scene (expected <lake>/scenes/<id>), a .zarr store, refs or a COG")
+    try:
+        lk = ObjectLake(root, create=False, options=options)
+        record, location = lk.scene_record(sid), lk.scene_location(sid)
+    except CubelakeError as exc:
+        raise ProductError(f"{url}: {exc}") from None
+    if record is None or location is None:
+        raise ProductError(f"{url}: scene {sid} is not published in the lake {root}")
+    products = record.get("products") or {}
+    for kind in prefer:
+        info = products.get(kind)
+        if not info:
+            continue
+        p = join_url(location, str(info["path"]))
+        if kind == "zarr":
+            return _open_zarr(p, sid, options, record)
+        if kind == "refs":
+            return _open_refs(p, sid, options, record, [], lake=lake or root)
+        return _open_cog(p, sid, options, record, None)
+    raise ProductError(f"{url}: scene {sid} has none of the products {list(prefer)} (it has {sorted(products)})")
+
+
 def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERENCE, storage_options: S3Options | None = None,
                 allowed_roots: Sequence[str] = (), labels: str | Path | None = None,
                 lake: str | Path | None = None) -> ChunkSource:
@@ -406,7 +435,7 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
         if lake is None:
             raise ProductError(f"catalog hit {getattr(product, 'id', href)}: its item path {href} is relative to its lake; "
                                "pass lake=<the lake folder> too")
-        product = Path(lake) / href
+        product = join_url(str(lake), href) if is_url(str(lake)) else Path(lake) / href
     src = _open_source(product, prefer, storage_options, allowed_roots, labels, lake)
     src.open_args = args
     return src
@@ -420,12 +449,16 @@ def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S
         href = links[0] if links else None
         if href is None:
             raise ProductError(f"STAC item {product.get('id')}: no self link; open its scene folder instead")
+    if href is None and isinstance(product, str) and is_url(product) and product.endswith("/item.json"):
+        href = product
     if href is not None:
-        product = Path(href).parent
+        product = parent_url(href) if is_url(href) else Path(href).parent
     s = str(product)
     name = s.rstrip("/").rsplit("/", 1)[-1]
-    if s.startswith("s3://"):
+    if is_url(s):
         stem = name.split(".")[0]
+        if not name.lower().endswith((".zarr", ".json", ".parq", ".parquet", ".tif", ".tiff")):
+            return _with_labels(_object_scene_source(s, prefer, storage_options, lake), labels)
     else:
         p = Path(s)
         if not p.exists():

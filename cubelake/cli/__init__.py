@@ -34,7 +34,7 @@ def _global(verbose: int = VERBOSE, quiet: bool = QUIET) -> None:
 
 app.command("ingest")(_ingest.ingest_cmd)
 app.command("validate")(_ingest.validate_cmd)
-app.command("lake")(_lake.lake_cmd)
+app.add_typer(_lake.lake_app, name="lake")
 app.command("profiles")(_profiles.profiles_cmd)
 app.add_typer(refs_app, name="refs")
 app.add_typer(catalog_app, name="catalog")

@@ -33,7 +33,8 @@ from ._render import (
 catalog_app = typer.Typer(help="The lake's STAC catalog: search by space, time, wavelength and properties.",
                           no_args_is_help=True)
 
-LAKE = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE")
+LAKE = typer.Option("lake", "--lake", "-l", help="Lake folder or object-store URL (s3://bucket/prefix).",
+                    envvar="CUBELAKE_LAKE")
 
 
 class SearchFormat(StrEnum):
@@ -57,7 +58,7 @@ def _fail(exc: CubelakeError) -> typer.Exit:
     return fail(exc, 2 if isinstance(exc, CatalogQueryError) else 1)
 
 
-def _open(lake: Path) -> LakeCatalog:
+def _open(lake: str) -> LakeCatalog:
     try:
         return LakeCatalog(lake)
     except CubelakeError as exc:
@@ -123,7 +124,7 @@ def _print_table(hits: list[SearchHit]) -> None:
 
 @catalog_app.command("search")
 def search_cmd(
-    lake: Path = LAKE,
+    lake: str = LAKE,
     bbox: str | None = typer.Option(None, "--bbox", help="west,south,east,north in degrees (use --bbox=-10,... for a negative west)."),
     intersects: str | None = typer.Option(None, "--intersects", help="GeoJSON (text or file): a geometry, Feature or FeatureCollection (their union), WGS84."),
     datetime: str | None = typer.Option(None, "--datetime", "-t", help="START/END, '..' for an open end; 2022-06/2022-08, 2022."),
@@ -162,7 +163,7 @@ def search_cmd(
 @catalog_app.command("show")
 def show_cmd(
     item_id: str = typer.Argument(..., help="Item id (the scene id)."),
-    lake: Path = LAKE,
+    lake: str = LAKE,
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
 ) -> None:
@@ -177,7 +178,7 @@ def show_cmd(
 
 @catalog_app.command("stats")
 def stats_cmd(
-    lake: Path = LAKE,
+    lake: str = LAKE,
     fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
@@ -204,7 +205,7 @@ def stats_cmd(
 
 @catalog_app.command("reindex")
 def reindex_cmd(
-    lake: Path = LAKE,
+    lake: str = LAKE,
     rebuild_items: bool = typer.Option(False, "--rebuild-items", help="Also rewrite every item.json from its scene.json (after an upgrade of cubelake)."),
     fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
@@ -232,8 +233,9 @@ def reindex_cmd(
 
 @catalog_app.command("export")
 def export_cmd(
-    output: Path = typer.Option(..., "--output", "-o", help="The .parquet file to write."),
-    lake: Path = LAKE,
+    output: str = typer.Option(..., "--output", "-o",
+                               help="The .parquet file to write (an s3:// URL, e.g. into the lake, works too)."),
+    lake: str = LAKE,
     verbose: int = VERBOSE,
     quiet: bool = QUIET,
 ) -> None:
@@ -249,7 +251,7 @@ def export_cmd(
 
 @catalog_app.command("validate")
 def validate_cmd(
-    lake: Path = LAKE,
+    lake: str = LAKE,
     schemas: list[Path] = typer.Option([], "--schemas", help="Folder of extra official schema copies (JSON, by $id); repeatable."),
     fmt: TextOrJson = typer.Option(TextOrJson.text, "--format", help="text or json."),
     verbose: int = VERBOSE,

@@ -23,7 +23,7 @@ from cubelake.ingest import (
     iter_validate,
     load_profile,
 )
-from cubelake.lake import Lake, safe_scene_id
+from cubelake.lake import open_lake, safe_scene_id
 
 from ._render import (
     QUIET,
@@ -133,7 +133,8 @@ def _render_summary(out: Console, results: list[IngestResult]) -> None:
 
 def ingest_cmd(
     paths: list[Path] = typer.Argument(..., help="Scene files or folders (walked recursively)."),
-    lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder (created if new).", envvar="CUBELAKE_LAKE"),
+    lake: str = typer.Option("lake", "--lake", "-l", envvar="CUBELAKE_LAKE",
+                             help="Lake folder or object-store URL, e.g. s3://bucket/prefix (created if new)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
     products: str = typer.Option("cog,zarr", "--products",
                                  help="Comma-separated: cog, zarr, refs (kerchunk references to the source's tiles "
@@ -159,7 +160,8 @@ def ingest_cmd(
     opts = _options(profile, products, chunk, shard, workers, _limits(max_bytes, max_dimension, max_bands), variable,
                     axes, force, refs_format)
     try:
-        lk = Lake(lake)
+        lk = open_lake(lake)
+        lk.check_writable()
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
     results: list[IngestResult] = []

@@ -93,7 +93,7 @@ def combine_cmd(
 def check_cmd(
     refs: Path = typer.Argument(..., help="A reference set (JSON file or Parquet folder)."),
     allow_root: list[str] = typer.Option([], "--allow-root", help="Also trust targets under this folder or s3:// prefix."),
-    lake: Path | None = typer.Option(None, "--lake", "-l",
+    lake: str | None = typer.Option(None, "--lake", "-l",
                                      help="The lake the set belongs to: also trust its folder and allowed roots."),
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
     verbose: int = VERBOSE,
@@ -105,11 +105,11 @@ def check_cmd(
     are trusted: nothing that comes with the set (such as a lake.json beside it) widens that.
     """
     configure_output(verbose, quiet)
-    from cubelake.lake import Lake
+    from cubelake.lake import open_lake
     from cubelake.refs import open_array
 
     try:
-        opened_lake = Lake(lake, create=False) if lake is not None else None
+        opened_lake = open_lake(lake, create=False) if lake is not None else None
     except CubelakeError as exc:  # an unusable --lake is a usage error (exit code 2)
         raise fail(exc, 2) from None
     try:
@@ -133,16 +133,16 @@ def check_cmd(
 @refs_app.command("allow")
 def allow_cmd(
     root: str = typer.Argument(..., help="Folder or s3://bucket/prefix that the lake's references may point into."),
-    lake: Path = typer.Option(Path("lake"), "--lake", "-l", help="Lake folder.", envvar="CUBELAKE_LAKE"),
+    lake: str = typer.Option("lake", "--lake", "-l", help="Lake folder or s3:// URL.", envvar="CUBELAKE_LAKE"),
 ) -> None:
     """Trust a root for reference targets in this lake (recorded in lake.json).
 
     Readers use it when they name the lake: `cubelake refs check SET --lake LAKE`, lake=LAKE in Python.
     """
-    from cubelake.lake import Lake
+    from cubelake.lake import open_lake
 
     try:
-        added = Lake(lake, create=False).allow_root(root)
+        added = open_lake(lake, create=False).allow_root(root)
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
     out_console().print(f"{'allowed' if added else 'already allowed'}: {show(root)}")

@@ -40,11 +40,11 @@ def trusted_roots(refs: LoadedRefs, lake: LakeLike | None = None, allowed_roots:
     Nothing found next to the reference set counts: a ``lake.json`` that arrives with it is as
     untrusted as the set itself, so a lake's roots count only when the caller names the lake.
     """
-    from cubelake.lake import Lake
+    from cubelake.lake import open_lake
 
     roots = [refs.base]
     if lake is not None:
-        roots += (lake if isinstance(lake, Lake) else Lake(lake, create=False)).reference_roots()
+        roots += open_lake(lake, create=False).reference_roots()
     return AllowedRoots([*roots, *allowed_roots])
 
 
@@ -56,7 +56,7 @@ def open_store(path: str | Path, *, lake: LakeLike | None = None, allowed_roots:
     under the lake ``lake`` (a :class:`~cubelake.lake.Lake` or its folder) or one of its allowed
     roots, or under one of ``allowed_roots``. ``verify``: compare each target with what was recorded now.
     """
-    refs = load_refs(path)
+    refs = load_refs(path, storage_options)
     return RefsStore(refs, roots=trusted_roots(refs, lake, allowed_roots), storage_options=storage_options,
                      verify=verify)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cubelake.errors import RefsError
+from cubelake.storage import ObjectNotFound, StorageError, is_url, object_at, parent_url
 
 from .model import RefSet, Target
 from .security import resolve_url, split_url
@@ -243,14 +244,44 @@ def _resolved_targets(targets: list[Target], base: str) -> list[Target]:
     return [dataclasses.replace(t, url=resolve_url(t.url, base)) for t in targets]
 
 
-def load_refs(path: str | Path) -> LoadedRefs:
-    """Open and check a JSON reference file or a Parquet reference folder (told apart by ``.zmetadata``)."""
+def load_refs(path: str | Path, storage_options: Any = None) -> LoadedRefs:
+    """Open and check a JSON reference file or a Parquet reference folder (told apart by ``.zmetadata``).
+
+    ``path`` may be an object-store URL of a JSON set (``s3://.../x.refs.json``); its relative
+    targets resolve against its own folder there.
+    """
+    if is_url(str(path)):
+        return _load_remote_json(str(path), storage_options)
     p = Path(path)
     if p.is_dir():
         return _load_parquet(p)
     if not p.exists():
         raise RefsError(f"{p}: no such reference file or folder")
-    doc = _read_json_file(p)
+    return _load_json_doc(_read_json_file(p), p, str(p.resolve().parent))
+
+
+def _load_remote_json(url: str, storage_options: Any) -> LoadedRefs:
+    store, key = object_at(url, storage_options)
+    if not key.lower().endswith(".json"):
+        raise RefsError(f"{url}: only JSON reference sets can be read from an object store; download a Parquet "
+                        "set first, or write it as JSON")
+    try:
+        text = store.get_text(key, MAX_DOC_BYTES)
+    except ObjectNotFound:
+        raise RefsError(f"{url}: no such reference file") from None
+    except StorageError as exc:
+        raise RefsError(str(exc)) from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise RefsError(f"{url}: not a kerchunk JSON reference file (nested too deeply)") from None
+    except ValueError as exc:
+        raise RefsError(f"{url}: not a kerchunk JSON reference file ({exc})") from None
+    return _load_json_doc(doc, url, parent_url(url))
+
+
+def _load_json_doc(doc: Any, p: Any, base: str) -> LoadedRefs:
+    """A parsed kerchunk JSON document, checked; ``p`` names it in errors, ``base`` resolves relative targets."""
     if not isinstance(doc, dict):
         raise RefsError(f"{p}: not a kerchunk JSON reference file (top level is not an object)")
     if doc.get("version", 0) not in (0, 1) or "gen" in doc:
@@ -279,7 +310,6 @@ def load_refs(path: str | Path) -> LoadedRefs:
     meta, arrays = check_metadata(meta, p)
     for key in raw:
         check_chunk_key(key, arrays, p)
-    base = str(p.resolve().parent)
     targets = _resolved_targets(parse_targets(meta, p), base)
     urls = {u: resolve_url(u, base) for u in dict.fromkeys(v[0] for v in raw.values())}
     chunks = {k: (urls[u], off, n) for k, (u, off, n) in raw.items()}

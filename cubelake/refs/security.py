@@ -32,6 +32,9 @@ def resolve_url(url: str, base: str) -> str:
     scheme, where = split_url(url)
     if scheme != "file" or "://" in url or os.path.isabs(where):
         return url
+    if "://" in base:  # a set on an object store: its relative targets lie beside it there
+        b_scheme, rest = base.split("://", 1)
+        return f"{b_scheme}://{posixpath.normpath(posixpath.join(rest, where))}"
     return os.path.normpath(os.path.join(base, where))
 
 
