@@ -38,7 +38,7 @@ from typing import Any
 
 from cubelake.errors import CatalogError, CorruptItemError, ItemNotFoundError
 from cubelake.lake import AnyLake, open_lake, pid_alive, safe_scene_id
-from cubelake.object_lake import VERSION_KEY, ObjectLake
+from cubelake.object_lake import VERSION_KEY, ObjectLake, staging_root
 from cubelake.storage import CommitConflict, ObjectNotFound, StorageError
 
 from .index import CatalogIndex, SearchHit
@@ -131,7 +131,8 @@ class ObjectLakeCatalog(LakeCatalog):
         for attempt in range(_ATTEMPTS):
             ptr, etag = self._pointer()
             gen = int(ptr.get("generation", 0)) + 1 if ptr else 1
-            work = Path(tempfile.mkdtemp(prefix="cubelake-index-")) / "index.sqlite"
+            # in the lake's local staging root, named by pid: recover() removes it after a kill
+            work = Path(tempfile.mkdtemp(prefix=f"index.{os.getpid()}.", dir=staging_root())) / "index.sqlite"
             try:
                 if ptr is not None:
                     shutil.copyfile(self._snapshot(str(ptr["key"])), work)

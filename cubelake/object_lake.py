@@ -71,7 +71,7 @@ def committed_item(item: dict[str, Any], version: str) -> dict[str, Any]:
     return out
 
 
-def _staging_root() -> Path:
+def staging_root() -> Path:
     root = Path(os.environ.get("CUBELAKE_STAGING") or tempfile.gettempdir()) / "cubelake-staging"
     root.mkdir(parents=True, exist_ok=True)
     return root
@@ -90,6 +90,7 @@ class ObjectLake:
         try:
             text = self.store.get_text("lake.json", _MAX_JSON)
         except ObjectNotFound:
+            self.store.list_dirs("")  # a missing bucket says so here (a HEAD of a key cannot tell)
             if not create:
                 raise LakeError(f"{self.url}: no cubelake lake here (no lake.json); create one with "
                                 f"'cubelake ingest SCENES --lake {self.url}'") from None
@@ -241,7 +242,7 @@ class ObjectLake:
     @contextlib.contextmanager
     def staging(self, scene_id: str) -> Iterator[Path]:
         """A private local folder to build the scene in (``$CUBELAKE_STAGING`` or the temp folder)."""
-        path = _staging_root() / f"{self._check_id(scene_id)}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        path = staging_root() / f"{self._check_id(scene_id)}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         path.mkdir()
         try:
             yield path
@@ -297,7 +298,7 @@ class ObjectLake:
     def recover(self) -> list[str]:
         """Remove local staging folders of dead processes (the lake itself needs no repair: see :meth:`gc`)."""
         done = []
-        for entry in _staging_root().iterdir():
+        for entry in staging_root().iterdir():
             parts = entry.name.rsplit(".", 2)
             pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
             if pid is None or pid == os.getpid() or pid_alive(pid):

@@ -572,10 +572,18 @@ class Store:
     def head(self, key: str) -> ObjectInfo:
         import obstore
 
-        with self._op(key, "stat"):
-            if self._local is not None:
-                return self._local.head(self._key(key))
-            return _info(key, obstore.head(self.client, self.path(key)))
+        try:
+            with self._op(key, "stat"):
+                if self._local is not None:
+                    return self._local.head(self._key(key))
+                return _info(key, obstore.head(self.client, self.path(key)))
+        except StorageError as exc:
+            if "permission denied" not in str(exc) or self._local is not None:
+                raise
+            # a refused HEAD has no body to say why (bad key? no permission?): a one-byte GET does
+            with self._op(key, "read"):
+                obstore.get(self.client, self.path(key), options={"range": (0, 1)})
+            raise
 
     async def head_async(self, key: str) -> ObjectInfo:
         import obstore

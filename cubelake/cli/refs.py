@@ -91,7 +91,7 @@ def combine_cmd(
 
 @refs_app.command("check")
 def check_cmd(
-    refs: Path = typer.Argument(..., help="A reference set (JSON file or Parquet folder)."),
+    refs: str = typer.Argument(..., help="A reference set (JSON file or Parquet folder; s3:// URLs of JSON sets too)."),
     allow_root: list[str] = typer.Option([], "--allow-root", help="Also trust targets under this folder or s3:// prefix."),
     lake: str | None = typer.Option(None, "--lake", "-l",
                                      help="The lake the set belongs to: also trust its folder and allowed roots."),

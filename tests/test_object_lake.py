@@ -1,0 +1,433 @@
+"""Lakes on an S3-protocol server (moto on 127.0.0.1): the same scenes, catalog and samples as on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cubelake.catalog import LakeCatalog
+from cubelake.catalog.query import Query
+from cubelake.ingest import IngestOptions, Outcome, ingest
+from cubelake.lake import Lake, open_lake
+from cubelake.object_lake import VERSION_KEY, ObjectLake
+from cubelake.storage import CommitConflict, open_store
+
+from .conftest import REAL, AuthS3, S3Server, no_traceback, run_cli
+
+SCENES = [REAL / "hsi_enmap_potsdam", REAL / "hsi_jasper_ridge", REAL / "hsi_samson", REAL / "landsat8_rio_toa"]
+PRODUCTS = ("cog", "zarr", "refs")
+
+
+def s3_env(server: S3Server, cache: Path) -> dict[str, str]:
+    """The conventional variables a user sets for an S3-compatible endpoint."""
+    return {**os.environ, "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+            "CUBELAKE_CACHE": str(cache)}
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """URLs given without options reach the test server the way a user's would: through AWS_* variables."""
+    for k, v in s3_env(s3_server, tmp_path / "cache").items():
+        if k.startswith(("AWS_", "CUBELAKE_")):
+            monkeypatch.setenv(k, v)
+
+
+@dataclass
+class Lakes:
+    local: Lake
+    remote: ObjectLake
+    url: str
+    bucket: str
+    server: S3Server
+
+
+@pytest.fixture(scope="module")
+def lakes(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Lakes:
+    bucket = f"lakes-{uuid.uuid4().hex[:8]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/team/lake"
+    local = Lake(tmp_path_factory.mktemp("local") / "lake")
+    remote = ObjectLake(url, options=s3_server.options)
+    opts = IngestOptions(products=PRODUCTS)
+    for lake in (local, remote):
+        results = ingest(SCENES, lake, opts)
+        assert all(r.outcome is Outcome.INGESTED for r in results), [r.message for r in results]
+    return Lakes(local, remote, url, bucket, s3_server)
+
+
+def test_every_scene_is_published_once_with_its_products(lakes: Lakes) -> None:
+    assert lakes.remote.scene_ids() == lakes.local.scene_ids()
+    assert len(lakes.local.scene_ids()) >= 7
+    for sid in lakes.local.scene_ids():
+        here, there = lakes.local.scene_record(sid), lakes.remote.scene_record(sid)
+        assert there is not None
+        assert here is not None
+        assert there["content_hash"] == here["content_hash"]
+        assert {k: v["blake3" if "blake3" in v else "tree_blake3"] for k, v in there["products"].items()
+                if k != "refs"} == {k: v["blake3" if "blake3" in v else "tree_blake3"]
+                                    for k, v in here["products"].items() if k != "refs"}
+        item = json.loads(lakes.remote.store.get_text(f"scenes/{sid}/item.json"))
+        version = item["properties"][VERSION_KEY]
+        for asset in item["assets"].values():
+            if asset["href"].startswith("./"):
+                assert asset["href"].startswith(f"./v/{version}/")
+                assert lakes.remote.store.exists(f"scenes/{sid}/{asset['href'][2:]}") or \
+                    any(True for _ in lakes.remote.store.list(f"scenes/{sid}/{asset['href'][2:]}"))
+
+
+def test_products_read_back_with_independent_clients(lakes: Lakes) -> None:
+    """zarr-python over obstore, xarray over s3fs, GDAL /vsis3/: the values of the local lake's products."""
+    import rasterio
+    import xarray as xr
+    import zarr
+    from obstore.store import S3Store
+    from rasterio.session import AWSSession
+
+    ep = lakes.server.endpoint
+    session = AWSSession(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1",
+                         endpoint_url=ep.split("://")[1])
+    for sid in lakes.local.scene_ids():
+        loc = lakes.remote.scene_location(sid)
+        assert loc is not None
+        key = loc.split(f"s3://{lakes.bucket}/", 1)[1]
+        local_zarr = zarr.open_group(str(lakes.local.scene_dir(sid) / f"{sid}.zarr"), mode="r")["data"][:]
+        s3 = S3Store(lakes.bucket, prefix=f"{key}/{sid}.zarr", endpoint=ep, access_key_id="testing",
+                     secret_access_key="testing", region="us-east-1", client_options={"allow_http": True})
+        remote_zarr = zarr.open_group(zarr.storage.ObjectStore(s3, read_only=True), mode="r")["data"][:]
+        np.testing.assert_array_equal(remote_zarr, local_zarr)
+        ds = xr.open_zarr(f"{loc}/{sid}.zarr", storage_options={"endpoint_url": ep, "key": "testing",
+                                                                "secret": "testing"})
+        np.testing.assert_array_equal(ds["data"].values, xr.open_zarr(lakes.local.scene_dir(sid) / f"{sid}.zarr")
+                                      ["data"].values)
+        with rasterio.Env(session=session, AWS_HTTPS="NO", AWS_VIRTUAL_HOSTING="FALSE",
+                          GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR"), \
+                rasterio.open(f"/vsis3/{lakes.bucket}/{key}/{sid}.tif") as remote_cog, \
+                rasterio.open(lakes.local.scene_dir(sid) / f"{sid}.tif") as local_cog:
+            np.testing.assert_array_equal(remote_cog.read(), local_cog.read())
+            assert remote_cog.crs == local_cog.crs
+            assert remote_cog.transform == local_cog.transform
+
+
+def test_refs_on_the_object_store_point_inside_it(lakes: Lakes) -> None:
+    from cubelake.refs import open_array
+
+    for sid in lakes.local.scene_ids():
+        rec = lakes.remote.scene_record(sid)
+        assert rec is not None
+        refs_url = f"{lakes.remote.scene_location(sid)}/{rec['products']['refs']['path']}"
+        arr = open_array(refs_url, storage_options=lakes.server.options)
+        local = zarr_data(lakes.local.scene_dir(sid) / f"{sid}.zarr")
+        np.testing.assert_array_equal(np.asarray(arr[:]).astype(local.dtype), local)
+
+
+def zarr_data(path: Path) -> np.ndarray:
+    import zarr
+
+    return np.asarray(zarr.open_group(str(path), mode="r")["data"][:])
+
+
+@pytest.mark.parametrize("query", [
+    Query(),
+    Query(bbox="12.9,52.3,13.2,52.5"),
+    Query(datetime="2022-06/2022-08"),
+    Query(wavelength_nm="450:1300"),
+    Query(bbox="12.9,52.3,13.2,52.5", datetime="2022-06/2022-08", wavelength_nm="450:1300"),
+])
+def test_catalog_search_equals_the_local_lake(lakes: Lakes, query: Query) -> None:
+    with LakeCatalog(lakes.local) as here, LakeCatalog(lakes.url) as there:
+        assert type(there).__name__ == "ObjectLakeCatalog"
+        assert [h.id for h in there.search(query)] == [h.id for h in here.search(query)]
+        assert there.stats()["items"] == here.stats()["items"] == len(lakes.local.scene_ids())
+
+
+def test_catalog_of_the_object_lake_validates_against_stac(lakes: Lakes) -> None:
+    with LakeCatalog(lakes.url) as cat:
+        report = cat.validate([REAL.parent.parent / "schemas"] if (REAL.parent.parent / "schemas").is_dir() else [])
+    assert report.checked >= len(lakes.local.scene_ids()) + 2
+    assert report.ok, report.invalid
+
+
+def test_search_downloads_the_index_once_then_only_when_it_changed(lakes: Lakes, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBELAKE_CACHE", str(tmp_path / "cache"))
+    with LakeCatalog(lakes.url) as cat:
+        cat.search(Query())
+    cached = sorted((tmp_path / "cache").rglob("*.sqlite"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime_ns
+    with LakeCatalog(lakes.url) as cat:
+        cat.search(Query())
+    assert sorted((tmp_path / "cache").rglob("*.sqlite")) == cached
+    assert cached[0].stat().st_mtime_ns == mtime
+
+
+def test_loader_epochs_over_the_object_lake_equal_local(lakes: Lakes) -> None:
+    from cubelake.loaders import CubeDataset, PlanSpec, Sampling
+
+    def epoch(lake: str, prefer: tuple[str, ...]) -> list[tuple[str, float]]:
+        with LakeCatalog(lake) as cat:
+            hits = cat.search(Query(bbox="12.9,52.3,13.2,52.5", collections="enmap-l2a"))
+        assert len(hits) == 4
+        ds = CubeDataset(hits, lake=lake, prefer=prefer, storage_options=lakes.server.options,
+                         sampling=Sampling(size=16, stride=16, labels="none"), plan=PlanSpec(batch_size=8, seed=3))
+        out = []
+        for batch in ds:
+            out.append((",".join(batch["scene"]), float(batch["image"].double().sum())))
+        return out
+
+    for prefer in (("zarr",), ("refs",)):  # these tiles are 32 px: too small for the loader's COG path
+        there, here = epoch(lakes.url, prefer), epoch(str(lakes.local.root), prefer)
+        assert there == here
+        assert len(there) > 0
+
+
+def test_reingest_is_unchanged_and_commits_nothing(lakes: Lakes) -> None:
+    before = {o.key for o in lakes.remote.store.list("scenes")}
+    results = ingest(SCENES[1:2], lakes.remote, IngestOptions(products=PRODUCTS))
+    assert [r.outcome for r in results] == [Outcome.UNCHANGED]
+    assert {o.key for o in lakes.remote.store.list("scenes")} == before
+
+
+# -- the commit protocol -------------------------------------------------------------------
+
+
+def test_two_writers_of_one_scene_exactly_one_commit_wins(s3_server: S3Server, s3_bucket: str) -> None:
+    url = f"s3://{s3_bucket}/race"
+    ingest([REAL / "hsi_jasper_ridge"], ObjectLake(url, options=s3_server.options), IngestOptions(products=("zarr",)))
+    a, b = ObjectLake(url, options=s3_server.options), ObjectLake(url, options=s3_server.options)
+    sid = a.scene_ids()[0]
+    version = a.scene_version(sid)
+    a.scene_record(sid)
+    b.scene_record(sid)  # both read the same commit object, then both build
+    folder = _staged_copy(a, sid)
+    new_a = a.publish(folder, sid)
+    with pytest.raises(CommitConflict, match="published by another ingest while this one was building"):
+        b.publish(folder, sid)
+    winner = a.scene_version(sid)
+    assert winner != version
+    assert new_a.endswith(str(winner))
+    versions, _ = a.store.list_dirs(f"scenes/{sid}/v")
+    assert set(versions) == {version, winner}  # the loser's upload is gone; the replaced version waits for gc
+    n = n_objects(a, sid, str(version))
+    assert f"removed unreferenced version {sid}/{version} ({n} objects)" in a.gc(dt_zero())
+    versions, _ = a.store.list_dirs(f"scenes/{sid}/v")
+    assert versions == [winner]
+
+
+def dt_zero() -> Any:
+    import datetime as dt
+
+    return dt.timedelta(0)
+
+
+def n_objects(lake: ObjectLake, sid: str, version: str) -> int:
+    return sum(1 for _ in lake.store.list(f"scenes/{sid}/v/{version}"))
+
+
+def _staged_copy(lake: ObjectLake, sid: str) -> Path:
+    import tempfile
+
+    from cubelake.copy import _fetch
+
+    folder = Path(tempfile.mkdtemp(prefix="staged-"))
+    _fetch(lake, sid, folder)
+    return folder
+
+
+def test_conditional_puts_on_the_commit_object(s3_server: S3Server, s3_bucket: str) -> None:
+    store = open_store(f"s3://{s3_bucket}/x", s3_server.options)
+    first = store.put("scenes/a/item.json", b"{}", create=True)
+    with pytest.raises(CommitConflict):
+        store.put("scenes/a/item.json", b"{}", create=True)
+    store.put("scenes/a/item.json", b'{"v": 2}', if_match=first.etag)
+    with pytest.raises(CommitConflict):
+        store.put("scenes/a/item.json", b'{"v": 3}', if_match=first.etag)
+    assert store.get("scenes/a/item.json") == b'{"v": 2}'
+
+
+# -- crashes and concurrency, through the real CLI ------------------------------------------------
+
+KILL_SCENES = [REAL / "hsi_jasper_ridge", REAL / "hsi_samson", REAL / "hsi_enmap_potsdam"]
+
+
+def _ingest_cmd(url: str, *paths: Path, force: bool = False) -> list[str]:
+    return [sys.executable, "-m", "cubelake.cli", "ingest", "--lake", url, "--products", "cog,zarr,refs",
+            *(["--force"] if force else []), *map(str, paths)]
+
+
+def _check_consistent(url: str, server: S3Server, expected: int) -> None:
+    lake = ObjectLake(url, options=server.options)
+    ids = lake.scene_ids()
+    assert len(ids) == expected
+    with LakeCatalog(lake) as cat:
+        hits = cat.search(Query())
+        assert sorted(h.id for h in hits) == ids  # every scene indexed, once
+        for h in hits:
+            item, _ = lake.committed(h.id)
+            assert item is not None
+            assert h.properties[VERSION_KEY] == item["properties"][VERSION_KEY]
+    for sid in ids:
+        rec = lake.scene_record(sid)
+        assert rec is not None
+        np.asarray(_open_zarr(lake, sid, rec, server))
+    assert not list(lake.store.list("catalog/pending"))
+
+
+def _open_zarr(lake: ObjectLake, sid: str, rec: dict[str, Any], server: S3Server) -> Any:
+    import zarr
+
+    store = open_store(f"{lake.scene_location(sid)}/{rec['products']['zarr']['path']}", server.options)
+    return zarr.open_group(store.zarr_store(), mode="r")["data"][:]
+
+
+def test_kill_9_at_20_random_moments_then_rerun(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/killed"
+    env = s3_env(s3_server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
+    t0 = time.monotonic()
+    first = subprocess.run(_ingest_cmd(url, *KILL_SCENES), env=env, capture_output=True, text=True, timeout=300)
+    full = time.monotonic() - t0
+    assert first.returncode == 0, first.stderr
+    rng = random.Random(12)
+    for _ in range(20):
+        proc = subprocess.Popen(_ingest_cmd(url, *KILL_SCENES, force=True), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, full))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    rerun = subprocess.run(_ingest_cmd(url, *KILL_SCENES), env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    no_traceback(rerun)
+    _check_consistent(url, s3_server, expected=7)
+    gc = run_cli("lake", "gc", "--lake", url, "--grace", "0", env=env)
+    assert gc.returncode == 0, gc.stderr
+    lake = ObjectLake(url, options=s3_server.options)
+    for sid in lake.scene_ids():  # no orphans: the only version left is the committed one
+        versions, _ = lake.store.list_dirs(f"scenes/{sid}/v")
+        assert versions == [lake.scene_version(sid)]
+    ptr = json.loads(lake.store.get_text("catalog/index.json"))
+    assert [o.key for o in lake.store.list("catalog/index")] == [ptr["key"]]
+    assert list((tmp_path / "staging" / "cubelake-staging").iterdir()) == []  # no local build left behind
+    _check_consistent(url, s3_server, expected=7)
+
+
+def test_four_concurrent_ingests_merge_into_one_index(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/shared"
+    env = s3_env(s3_server, tmp_path / "cache")
+    groups = [[REAL / "hsi_enmap_potsdam"], [REAL / "hsi_jasper_ridge"], [REAL / "hsi_samson"],
+              [REAL / "landsat8_rio_toa"]]
+    procs = [subprocess.Popen(_ingest_cmd(url, *g), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for g in groups]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    ingested = sum(int(re.search(r"(\d+) ingested", out).group(1)) for out, _ in outs)  # type: ignore[union-attr]
+    assert ingested >= 8
+    _check_consistent(url, s3_server, expected=ingested)
+    lake = ObjectLake(url, options=s3_server.options)
+    ptr = json.loads(lake.store.get_text("catalog/index.json"))
+    assert ptr["items"] == ingested
+    assert ptr["generation"] >= ingested  # one generation per scene: none overwrote another
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def _assert_usage_error(res: subprocess.CompletedProcess[str], url: str, *needles: str) -> None:
+    assert res.returncode == 2, res.stdout + res.stderr
+    text = no_traceback(res)
+    flat = " ".join(text.replace("│", " ").split())
+    assert url in flat
+    for n in needles:
+        assert n in flat, flat
+
+
+def test_missing_bucket_unreachable_endpoint_and_not_a_lake(s3_server: S3Server, s3_bucket: str,
+                                                            tmp_path: Path) -> None:
+    env = s3_env(s3_server, tmp_path / "cache")
+    res = run_cli("catalog", "search", "--lake", "s3://no-such-bucket-x/lake", env=env)
+    _assert_usage_error(res, "s3://no-such-bucket-x/lake", "the bucket does not exist")
+    res = run_cli("ingest", "--lake", "s3://no-such-bucket-x/lake", str(REAL / "hsi_samson"), env=env)
+    _assert_usage_error(res, "s3://no-such-bucket-x/lake", "the bucket does not exist")
+    res = run_cli("lake", "--lake", f"s3://{s3_bucket}/lake", env=env | {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    _assert_usage_error(res, f"s3://{s3_bucket}/lake", "endpoint cannot be reached", "AWS_ENDPOINT_URL")
+    res = run_cli("catalog", "search", "--lake", f"s3://{s3_bucket}/nothing", env=env)
+    _assert_usage_error(res, f"s3://{s3_bucket}/nothing", "no cubelake lake here")
+    store = open_store(f"s3://{s3_bucket}/foreign", s3_server.options)
+    store.put("data/x.bin", b"someone else's")
+    res = run_cli("ingest", "--lake", f"s3://{s3_bucket}/foreign", str(REAL / "hsi_samson"), env=env)
+    _assert_usage_error(res, f"s3://{s3_bucket}/foreign", "holds objects and is not a cubelake lake")
+    assert [o.key for o in store.list()] == ["data/x.bin"]  # nothing written
+
+
+def test_rejected_credentials_and_denied_writes(auth_s3: AuthS3, tmp_path: Path) -> None:
+    url = f"s3://{auth_s3.bucket}/lake-{uuid.uuid4().hex[:6]}"
+    admin = auth_s3.options("admin")
+    base = {**os.environ, "AWS_ENDPOINT_URL": auth_s3.endpoint, "AWS_REGION": "us-east-1",
+            "CUBELAKE_CACHE": str(tmp_path / "cache")}
+    ok = run_cli("ingest", "--lake", url, str(REAL / "hsi_jasper_ridge"),
+                 env=base | {"AWS_ACCESS_KEY_ID": admin["key"], "AWS_SECRET_ACCESS_KEY": admin["secret"]})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    before = sorted(o.key for o in open_store(url, admin).list())
+    bad = run_cli("catalog", "search", "--lake", url,
+                  env=base | {"AWS_ACCESS_KEY_ID": admin["key"], "AWS_SECRET_ACCESS_KEY": "wrong"})
+    _assert_usage_error(bad, url, "credentials were rejected", "AWS_ACCESS_KEY_ID")
+    reader = auth_s3.options("reader")
+    renv = base | {"AWS_ACCESS_KEY_ID": reader["key"], "AWS_SECRET_ACCESS_KEY": reader["secret"]}
+    search = run_cli("catalog", "search", "--lake", url, env=renv)
+    assert search.returncode == 0, search.stderr  # reading is allowed
+    assert "jasperRidge2_R198" in search.stdout
+    denied = run_cli("ingest", "--lake", url, "--force", str(REAL / "hsi_samson"), env=renv)
+    _assert_usage_error(denied, url, "permission denied")
+    assert sorted(o.key for o in open_store(url, admin).list()) == before  # nothing written
+
+
+# -- copy and gc --------------------------------------------------------------------------------
+
+
+def test_copy_local_to_s3_and_back_verified(lakes: Lakes, s3_bucket: str, tmp_path: Path) -> None:
+    env = s3_env(lakes.server, tmp_path / "cache")
+    dst = f"s3://{s3_bucket}/published"
+    res = run_cli("lake", "copy", str(lakes.local.root), dst, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(lakes.local.scene_ids())} copied" in res.stdout
+    again = run_cli("lake", "copy", str(lakes.local.root), dst, env=env)  # resumes: nothing left to do
+    assert f"0 copied (0 bytes), {len(lakes.local.scene_ids())} unchanged" in again.stdout
+    back = tmp_path / "offline"
+    sub = run_cli("lake", "copy", dst, str(back), "--bbox", "12.9,52.3,13.2,52.5", env=env)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    pulled = Lake(back, create=False)
+    assert pulled.scene_ids() == sorted(s for s in lakes.local.scene_ids() if s.startswith("enmap"))
+    for sid in pulled.scene_ids():
+        np.testing.assert_array_equal(zarr_data(pulled.scene_dir(sid) / f"{sid}.zarr"),
+                                      zarr_data(lakes.local.scene_dir(sid) / f"{sid}.zarr"))
+    with LakeCatalog(pulled) as cat:
+        assert sorted(h.id for h in cat.search(Query())) == pulled.scene_ids()
+
+
+def test_copy_refuses_a_damaged_source(lakes: Lakes, tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(lakes.local.root, src)
+    sid = lakes.local.scene_ids()[0]
+    cog = src / "scenes" / sid / f"{sid}.tif"
+    data = bytearray(cog.read_bytes())
+    data[-100] ^= 0xFF
+    cog.write_bytes(bytes(data))
+    res = run_cli("lake", "copy", str(src), str(tmp_path / "dst"))
+    assert res.returncode == 1
+    assert f"{sid}: product cog differs from its recorded BLAKE3" in " ".join(res.stderr.split())
+    assert sid not in open_lake(tmp_path / "dst").scene_ids()
