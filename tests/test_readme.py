@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,14 +61,35 @@ def readme_blocks() -> list[Block]:
 BLOCKS = readme_blocks()
 
 
+#: blocks of this section run against an S3-protocol server, with the variables their comment names set
+S3_SECTION = "Lakes on object storage (S3)"
+EXTRA_ENV: dict[str, str] = {}
+
+
 def env() -> dict[str, str]:
-    e = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    e = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **EXTRA_ENV}
     e.pop("CUBELAKE_LAKE", None)
     return e
 
 
 def sh(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", line], cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def s3_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``AWS_ENDPOINT_URL`` and keys of the test server, holding the bucket ``my-bucket`` the section uses."""
+    server = request.getfixturevalue("s3_server")
+    client = server.client()
+    if "my-bucket" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+        client.create_bucket(Bucket="my-bucket")
+    EXTRA_ENV.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                     AWS_REGION="us-east-1", AWS_ALLOW_HTTP="true",
+                     CUBELAKE_CACHE=str(tmp_path_factory.mktemp("readme-cache")))
+    try:
+        yield
+    finally:
+        EXTRA_ENV.clear()
 
 
 def clean(res: subprocess.CompletedProcess[str], what: str) -> str:
@@ -118,10 +139,14 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "refs check pair.json": lambda out: _check(out.startswith("ok: "), out),
     "refs build": lambda out: _check("--allow-root /" in out, out),  # says what check will need
     "cubelake validate ../shared/data/real/bad_inputs": lambda out: _check("rejected" in out, out),
+    "lake --lake s3://my-bucket/lake": lambda out: _check(out.startswith("lake s3://my-bucket/lake: 5 scene(s)"), out),
+    "catalog export --lake s3://my-bucket/lake": lambda out: _check(out.startswith("5 item(s) -> s3://my-bucket/"), out),
+    "offline --bbox": lambda out: _check("copied enmap_potsdam_tile_96_0" in out, out),
 }
 #: what a Python block must print, keyed by a unique part of its code
 PY_OUTPUT: dict[str, list[str]] = {
     "refs.combine_refs(": ["EPSG:32633", "{'scene': 2, 'band': 1, 'y': 549, 'x': 549}"],
+    'lake="s3://my-bucket/lake"': ["4 True"],
 }
 EXIT_CODES = {"cubelake validate ../shared/data/real/bad_inputs": 1}  # its inputs are bad: exit 1 says so
 
@@ -176,7 +201,9 @@ def load_profile_block(block: Block, where: Path) -> None:
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_readme_block_runs_as_written(block: Block, repo: Path) -> None:
+def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.FixtureRequest) -> None:
+    if block.section == S3_SECTION:
+        request.getfixturevalue("s3_env")
     if block.lang == "" and not block.text.startswith("$ "):
         assert block.text.lstrip().startswith("lake/"), "only the lake's folder tree is not code"
         return
