@@ -431,3 +431,22 @@ def test_copy_refuses_a_damaged_source(lakes: Lakes, tmp_path: Path) -> None:
     assert res.returncode == 1
     assert f"{sid}: product cog differs from its recorded BLAKE3" in " ".join(res.stderr.split())
     assert sid not in open_lake(tmp_path / "dst").scene_ids()
+
+
+def test_copy_between_two_object_lakes_and_gc_keeps_published(lakes: Lakes, tmp_path: Path) -> None:
+    import datetime as dt
+
+    lakes.server.client().create_bucket(Bucket="other-team")
+    dst = "s3://other-team/mirror"
+    res = run_cli("lake", "copy", lakes.url, dst, "--scene", "jasperRidge2_R198", "--scene", "samson_1",
+                  env=s3_env(lakes.server, tmp_path / "cache"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    mirror = ObjectLake(dst, options=lakes.server.options)
+    assert mirror.scene_ids() == ["jasperRidge2_R198", "samson_1"]
+    for sid in mirror.scene_ids():
+        rec = mirror.scene_record(sid)
+        assert rec is not None
+        np.testing.assert_array_equal(np.asarray(_open_zarr(mirror, sid, rec, lakes.server)),
+                                      zarr_data(lakes.local.scene_dir(sid) / f"{sid}.zarr"))
+    assert not [line for line in mirror.gc(dt.timedelta(0)) if "unreferenced" in line]
+    assert all(mirror.scene_location(s) for s in mirror.scene_ids())  # gc never removes a published version
