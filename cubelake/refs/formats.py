@@ -217,12 +217,16 @@ def _read_json_file(p: Path) -> Any:
     if len(raw) > MAX_DOC_BYTES:
         raise RefsError(f"{p}: more than {MAX_DOC_BYTES} bytes; write a set this large as Parquet "
                         "(--refs-format parquet)")
+    return _parse_json(raw, p)
+
+
+def _parse_json(raw: bytes, where: Any) -> Any:
     try:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:
-        raise RefsError(f"{p}: not a kerchunk JSON reference file (nested too deeply)") from None
+        raise RefsError(f"{where}: not a kerchunk JSON reference file (nested too deeply)") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RefsError(f"{p}: not a kerchunk JSON reference file ({exc})") from None
+        raise RefsError(f"{where}: not a kerchunk JSON reference file ({exc})") from None
 
 
 def _ends(chunks: Iterable[tuple[str, tuple[str, int, int]]], targets: list[Target],
@@ -266,18 +270,14 @@ def _load_remote_json(url: str, storage_options: Any) -> LoadedRefs:
         raise RefsError(f"{url}: only JSON reference sets can be read from an object store; download a Parquet "
                         "set first, or write it as JSON")
     try:
-        text = store.get_text(key, MAX_DOC_BYTES)
+        if store.head(key).size > MAX_DOC_BYTES:
+            raise RefsError(f"{url}: more than {MAX_DOC_BYTES} bytes; not a reference set cubelake reads")
+        raw = store.get(key)
     except ObjectNotFound:
         raise RefsError(f"{url}: no such reference file") from None
     except StorageError as exc:
         raise RefsError(str(exc)) from None
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise RefsError(f"{url}: not a kerchunk JSON reference file (nested too deeply)") from None
-    except ValueError as exc:
-        raise RefsError(f"{url}: not a kerchunk JSON reference file ({exc})") from None
-    return _load_json_doc(doc, url, parent_url(url))
+    return _load_json_doc(_parse_json(raw, url), url, parent_url(url))
 
 
 def _load_json_doc(doc: Any, p: Any, base: str) -> LoadedRefs:
