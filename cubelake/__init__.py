@@ -3,6 +3,7 @@
 Import order (imports point one way; lower layers never import higher ones)::
 
     cubelake.errors, cubelake.grid      pure core (no I/O)
+    cubelake.record                     the typed, versioned scene record (scene.json)
     cubelake.yamlsafe                   bounded YAML for untrusted files
     cubelake.lake                       the lake on disk (layout, atomic publish, locks)
     cubelake.products                   a scene's product as an analysis-ready xarray Dataset

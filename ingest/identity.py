@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cubelake.lake import Lake, safe_scene_id
+from cubelake.record import SceneRecord, SourceFile
 
 from .sources import SceneInput, SceneKind
 from .sources.envi import DATA_EXTENSIONS
@@ -58,18 +59,18 @@ def tree_blake3(root: Path) -> str:
     return h.hexdigest()
 
 
-def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:
+def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> list[FileFingerprint]:
     """Size, mtime and BLAKE3 of each file; hashes reused from ``previous`` when size+mtime match."""
-    known = {}
-    if previous:
-        known = {f["path"]: f for f in previous.get("source", {}).get("files", [])}
+    known: dict[str, SourceFile] = {}
+    if previous is not None:
+        known = {f.path: f for f in previous.source.files}
     out = []
     for f in files:
         p = Path(f).resolve()
         st = p.stat()
         old = known.get(str(p))
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns and "blake3" in old:
-            digest = old["blake3"]
+        if old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns and old.blake3 is not None:
+            digest = old.blake3
         else:
             digest = file_blake3(p)
         out.append(FileFingerprint(str(p), st.st_size, st.st_mtime_ns, digest))
@@ -122,6 +123,6 @@ def scene_id_for(lake: Lake, inp: SceneInput, tags: dict[str, str] | None = None
                 if owner not in (None, source):
                     continue
             return cand
-        if rec.get("source", {}).get("path") == source:
+        if rec.source.path == source:
             return cand
     return f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"

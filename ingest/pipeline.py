@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import threading
@@ -40,6 +39,26 @@ from cubelake.errors import (
 )
 from cubelake.grid import ChunkGrid
 from cubelake.lake import Lake, atomic_write_text, is_disk_full
+from cubelake.record import (
+    SCENE_RECORD_FILE,
+    SCENE_RECORD_VERSION,
+    Acquisition,
+    Band,
+    BuildSettings,
+    Calibration,
+    Encoding,
+    Footprint,
+    Grid,
+    Labels,
+    ProductInfo,
+    ProfileInfo,
+    RecordIssue,
+    SceneRecord,
+    SourceFile,
+    SourceInfo,
+    ValidationSummary,
+    json_safe,
+)
 from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
@@ -323,13 +342,13 @@ def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
     }
 
 
-def _keeping_products(options: IngestOptions, previous: dict[str, Any] | None) -> IngestOptions:
+def _keeping_products(options: IngestOptions, previous: SceneRecord | None) -> IngestOptions:
     """The products to build: those asked for, plus those the published version already has.
 
     Re-ingesting with ``--products refs`` must not delete the scene's COG and Zarr: a product
     once published stays (rebuilt with the new settings when anything changed).
     """
-    had = set((previous or {}).get("products") or {}) & set(PRODUCTS)
+    had = set(previous.products if previous is not None else ()) & set(PRODUCTS)
     if had <= set(options.products):
         return options
     return dataclasses.replace(options, products=tuple(p for p in PRODUCTS if p in had | set(options.products)))
@@ -350,18 +369,6 @@ def _reject(lake: Lake, scene_id: str, inp: SceneInput, report: ValidationReport
     return IngestResult(str(inp.path), scene_id, Outcome.REJECTED, report,
                         f"rejected{note}: {n} error{'s' if n != 1 else ''}, listed in the report {path}",
                         seconds=time.perf_counter() - t0)
-
-
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, np.generic):
-        return _json_safe(v.item())
-    return v
 
 
 def _dir_size(path: Path) -> int:
@@ -405,7 +412,7 @@ def ingest_scene(inp: SceneInput, lake: Lake, options: IngestOptions | None = No
 
 
 def _build_or_skip(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
-                   previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
+                   previous: SceneRecord | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     """Build the scene's products, unless the published version has the same content and settings."""
     assert opened.plan is not None
     assert opened.source is not None
@@ -421,14 +428,14 @@ def _build_or_skip(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, 
     c_hash = content_hash(prints)
     if (
         not options.force
-        and previous.get("source", {}).get("content_hash") == c_hash
-        and previous.get("config_hash") == cfg_hash
+        and previous.source.content_hash == c_hash
+        and previous.config_hash == cfg_hash
     ):
         emit("done")
         return IngestResult(
             str(inp.path), scene_id, Outcome.UNCHANGED, opened.report,
             f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
-            products={k: str(lake.scene_dir(scene_id) / v["path"]) for k, v in previous.get("products", {}).items()},
+            products={k: str(lake.scene_dir(scene_id) / v.path) for k, v in previous.products.items()},
             seconds=time.perf_counter() - t0,
         )
     return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
@@ -520,7 +527,7 @@ def _refs_plan(opened: _Opened, options: IngestOptions) -> _RefsPlan:
 
 
 def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
-                      meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[dict[str, Any], str]:
+                      meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[ProductInfo, str]:
     """Reference the source in place, or the staged COG beside the set; write the set into ``staged``.
 
     The scene's own COG is named relative to the set (``<id>.tif``), so the lake can be moved or
@@ -550,7 +557,7 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
     if fmt == "auto":
         fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD else "json"
     path = write_refs(refs, staged / f"{scene_id}.refs.{'json' if fmt == 'json' else 'parq'}", fmt)
-    info = {
+    info = ProductInfo.model_validate({
         "path": path.name,
         "format": fmt,
         "bytes": _dir_size(path),
@@ -560,7 +567,9 @@ def _write_scene_refs(lake: Lake, scene_id: str, staged: Path, refs_plan: _RefsP
         "in_place": refs_plan.in_place,
         "target": target.to_dict(),
         "reason_not_in_place": refs_plan.reason,
-    }
+        # a JSON set is one file, a Parquet set a folder
+        **({"blake3": file_blake3(path)} if path.is_file() else {"tree_blake3": tree_blake3(path)}),
+    })
     return info, note
 
 
@@ -570,7 +579,7 @@ def _cube_spec(plan: ScenePlan, meta: SceneMetadata, scene_id: str, cfg_hash: st
     data_attrs = {
         "long_name": cal.quantity or "calibrated values",
         **({"units": cal.unit} if cal.unit else {}),
-        "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
+        "cubelake:calibration": json.dumps(json_safe(cal.to_dict())),
     }
     return CubeSpec.from_bands(
         plan.bands,
@@ -602,7 +611,7 @@ def _acquisition(inp: SceneInput, meta: SceneMetadata, profile: SensorProfile,
 
 def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options: IngestOptions,
            settings: dict[str, Any], cfg_hash: str, hasher: _Background,
-           previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
+           previous: SceneRecord | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     assert opened.source is not None
     assert opened.plan is not None
     source, plan, report = opened.source, opened.plan, opened.report
@@ -663,94 +672,89 @@ def _build(inp: SceneInput, lake: Lake, scene_id: str, opened: _Opened, options:
             if cog is not None:
                 cog.abort()
             return _reject(lake, scene_id, inp, report, t0, previous is not None)
-        products: dict[str, str] = {}
-        product_info: dict[str, Any] = {}
+        product_info: dict[str, ProductInfo] = {}
         if cog is not None:
             emit("cog")
             info = cog.finish()
-            products["cog"] = cog_path.name
-            product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
-                                   "blake3": file_blake3(cog_path),
-                                   "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
-                                   "validator_warnings": info["warnings"]}
+            product_info["cog"] = ProductInfo(
+                path=cog_path.name, bytes=cog_path.stat().st_size, blake3=file_blake3(cog_path),
+                media_type="image/tiff; application=geotiff; profile=cloud-optimized",
+                validator_warnings=info["warnings"])
         refs_note = ""
         if refs_plan is not None:
             emit("refs")
-            refs_info, refs_note = _write_scene_refs(lake, scene_id, staged, refs_plan, cube_spec, meta, cog_path, options)
-            products["refs"] = refs_info["path"]
-            product_info["refs"] = refs_info
-        labels_info = None
+            product_info["refs"], refs_note = _write_scene_refs(lake, scene_id, staged, refs_plan, cube_spec, meta,
+                                                                cog_path, options)
+        labels_info: Labels | None = None
         if opened.labels is not None:
             labels_info = write_labels(opened.labels, staged, scene_id, plan.chunk,
                                        zarr_path if "zarr" in options.products else None,
                                        meta.transform, meta.crs_wkt, "cog" in options.products)
-        if "zarr" in options.products:
-            products["zarr"] = zarr_path.name
-            product_info["zarr"] = {"path": zarr_path.name, "array": "data", "bytes": _dir_size(zarr_path),
-                                    "media_type": "application/vnd+zarr; version=3"}
         phys = result.stats.physical(cal.selection.keep, cal.linear)
         fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
         acq = _acquisition(inp, meta, plan.profile, report)
         prints = hasher.result()
         c_hash = content_hash(prints)
-        record_core["content_hash"] = c_hash
-        record = {
-            **record_core,
-            "format_version": 1,
-            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "source": {
-                "path": str(inp.path.resolve()),
-                "format": meta.format,
-                "files": [p.to_dict() for p in prints],
-                "content_hash": c_hash,
-                "shape": list(meta.shape),
-                "dtype": meta.dtype,
-                "nodata": meta.nodata,
-            },
-            "profile": {"name": plan.profile.name, "origin": plan.profile.origin, "settings": plan.profile.config_dict()},
-            "settings": settings,
-            "grid": {
-                "height": meta.height, "width": meta.width, "crs_wkt": meta.crs_wkt, "crs_epsg": meta.crs_epsg,
-                "transform": list(meta.transform) if meta.transform else None,
-                "georeferenced": meta.transform is not None, "chunk_shape": [nb, plan.chunk, plan.chunk],
-                "shard_chunks": shard,
-            },
-            "datetime": meta.datetime,
-            "acquisition": acq.to_dict(),
-            "footprint": fp.to_dict() if fp is not None else None,
-            "tags": meta.tags,
-            "bands": [
-                {"index": i, "source_band": b.number, "name": b.name, "wavelength_nm": b.wavelength_nm,
-                 "fwhm_nm": b.fwhm_nm, **{k: phys[k][i] for k in phys}}
+        if "zarr" in options.products:
+            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(json_safe(phys))},
+                        {"cubelake:content_hash": c_hash})
+            product_info["zarr"] = ProductInfo(path=zarr_path.name, array="data", bytes=_dir_size(zarr_path),
+                                               media_type="application/vnd+zarr; version=3",
+                                               tree_blake3=tree_blake3(zarr_path))
+        record = SceneRecord(
+            scene_id=scene_id,
+            calibration=Calibration.model_validate(cal.to_dict()),
+            config_hash=cfg_hash,
+            version=__version__,
+            content_hash=c_hash,
+            format_version=SCENE_RECORD_VERSION,
+            ingested_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            source=SourceInfo(
+                path=str(inp.path.resolve()),
+                format=meta.format,
+                files=[SourceFile(path=p.path, size=p.size, mtime_ns=p.mtime_ns, blake3=p.blake3) for p in prints],
+                content_hash=c_hash,
+                shape=list(meta.shape),
+                dtype=meta.dtype,
+                nodata=meta.nodata,
+            ),
+            profile=ProfileInfo(name=plan.profile.name, origin=plan.profile.origin,
+                                settings=plan.profile.config_dict()),
+            settings=BuildSettings.model_validate(settings),
+            grid=Grid(
+                height=meta.height, width=meta.width, crs_wkt=meta.crs_wkt, crs_epsg=meta.crs_epsg,
+                transform=list(meta.transform) if meta.transform else None,
+                georeferenced=meta.transform is not None, chunk_shape=[nb, plan.chunk, plan.chunk],
+                shard_chunks=shard,
+            ),
+            datetime=meta.datetime,
+            acquisition=Acquisition.model_validate(acq.to_dict()),
+            footprint=Footprint.model_validate(fp.to_dict()) if fp is not None else None,
+            tags=meta.tags,
+            bands=[
+                Band(index=i, source_band=b.number, name=b.name, wavelength_nm=b.wavelength_nm, fwhm_nm=b.fwhm_nm,
+                     count=phys["count"][i], min=phys["min"][i], max=phys["max"][i], mean=phys["mean"][i],
+                     std=phys["std"][i])
                 for i, b in enumerate(plan.bands)
             ],
-            "encoding": cal.encoding.to_dict(),
-            "products": product_info,
-            "labels": labels_info,
-            "validation": {"ok": True, "warnings": [w.to_dict() for w in report.warnings]},
-        }
-        if "zarr" in options.products:
-            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))},
-                        {"cubelake:content_hash": c_hash})
-            product_info["zarr"]["bytes"] = _dir_size(zarr_path)
-            product_info["zarr"]["tree_blake3"] = tree_blake3(zarr_path)
-        if "refs" in product_info:
-            refs_file = staged / product_info["refs"]["path"]
-            product_info["refs"]["blake3" if refs_file.is_file() else "tree_blake3"] = (
-                file_blake3(refs_file) if refs_file.is_file() else tree_blake3(refs_file))
-        record = _json_safe(record)
+            encoding=Encoding.model_validate(cal.encoding.to_dict()),
+            products=product_info,
+            labels=labels_info,
+            validation=ValidationSummary(ok=True, warnings=[RecordIssue.model_validate(w.to_dict())
+                                                            for w in report.warnings]),
+        )
         item = item_from_record(record)
         atomic_write_text(staged / "validation.json", report.to_json() + "\n")
-        atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(staged / SCENE_RECORD_FILE, record.to_json())
         atomic_write_text(staged / ITEM_FILE, item_json(item))
         emit("publish")
         target = _publish(lake, staged, scene_id)
     emit("done")
     return IngestResult(
         str(inp.path), scene_id, Outcome.INGESTED, report,
-        f"ingested: {' + '.join(products)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
+        f"ingested: {' + '.join(product_info)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
         f"{cal.encoding.dtype}) -> {target}{refs_note}",
-        products={k: str(target / v) for k, v in products.items()},
+        products={k: str(target / v.path) for k, v in product_info.items()},
         seconds=time.perf_counter() - t0,
     )
 

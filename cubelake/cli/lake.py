@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from cubelake.errors import CubelakeError
 from cubelake.lake import Lake
+from cubelake.record import SceneRecord
 
-from ._render import out_console, print_json, show
+from ._render import fail, out_console, print_json, show
 from .ingest import OutputFormat
 
 
@@ -23,18 +25,10 @@ def lake_cmd(
         lk = Lake(lake, create=False)
     except CubelakeError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
-    scenes = []
-    for sid in lk.scene_ids():
-        rec = lk.scene_record(sid) or {}
-        scenes.append({
-            "id": sid,
-            "bands": len(rec.get("bands", [])),
-            "shape": [rec.get("grid", {}).get("height"), rec.get("grid", {}).get("width")],
-            "dtype": rec.get("encoding", {}).get("dtype"),
-            "profile": rec.get("profile", {}).get("name"),
-            "products": {k: v.get("path") for k, v in rec.get("products", {}).items()},
-            "warnings": len(rec.get("validation", {}).get("warnings", [])),
-        })
+    try:
+        scenes = [_scene_row(sid, lk.scene_record(sid)) for sid in lk.scene_ids()]
+    except CubelakeError as exc:  # a record a newer cubelake wrote
+        raise fail(exc) from None
     rejected = []
     for rid in lk.rejected_ids():
         try:
@@ -55,3 +49,19 @@ def lake_cmd(
                   + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
     for r in rejected:
         out.print(f"  [red]rejected[/red] {show(str(r['source']))}: {', '.join(r['errors'])}")
+
+
+def _scene_row(sid: str, rec: SceneRecord | None) -> dict[str, Any]:
+    """What ``cubelake lake`` shows of a scene (an unreadable record shows as empty)."""
+    if rec is None:
+        return {"id": sid, "bands": 0, "shape": [None, None], "dtype": None, "profile": None, "products": {},
+                "warnings": 0}
+    return {
+        "id": sid,
+        "bands": rec.band_count,
+        "shape": [rec.grid.height, rec.grid.width],
+        "dtype": rec.encoding.dtype,
+        "profile": rec.profile.name,
+        "products": {k: v.path for k, v in rec.products.items()},
+        "warnings": len(rec.validation.warnings),
+    }
