@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CubelakeError
-from .record import SCENE_RECORD_FILE, ProductInfo, read_scene_record
+
+if TYPE_CHECKING:  # the record (pydantic, numpy) is imported when a scene folder is opened, not by 'import cubelake'
+    from .record import ProductInfo
 
 __all__ = ["open_dataset", "scene_product"]
 
@@ -39,6 +41,8 @@ def _product_path(path: Path, prefer: Sequence[str]) -> tuple[str, Path]:
         return "zarr", path
     if name.endswith((".json", ".parq", ".parquet")):
         return "refs", path
+    from .record import SCENE_RECORD_FILE, read_scene_record
+
     try:
         products = read_scene_record(path / SCENE_RECORD_FILE).products
     except FileNotFoundError:

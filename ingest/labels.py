@@ -18,11 +18,11 @@ import numpy as np
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
+from cubelake.cube import CFEncoder
 from cubelake.errors import CubelakeError
 from cubelake.grid import Window
 from cubelake.record import Labels
 
-from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink
 from .report import Code, Issue, error
 from .sources import BandInfo, RasterSource

@@ -28,6 +28,7 @@ import rasterio
 from cubelake import __version__
 from cubelake.catalog.items import ITEM_FILE, item_from_record, item_json
 from cubelake.catalog.lake import LakeCatalog
+from cubelake.cube import CFEncoder, CubeSpec
 from cubelake.errors import (
     CatalogError,
     ContentMismatchError,
@@ -65,7 +66,6 @@ from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
 
 from .acqtime import AcquisitionTime, acquisition_time
-from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink, dataset_tags
 from .footprint import ValidMask, footprint_from_mask
 from .identity import (
@@ -91,7 +91,7 @@ from .sources import (
     open_source,
 )
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
-from .zarr_writer import CubeSpec, ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
+from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
 __all__ = [
     "PRODUCTS",
