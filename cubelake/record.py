@@ -376,8 +376,12 @@ def read_scene_record(path: str | os.PathLike[str]) -> SceneRecord:
     """
     try:
         st = os.stat(path)
+    except FileNotFoundError:
+        raise
     except NotADirectoryError as exc:
         raise FileNotFoundError(str(exc)) from None
+    except OSError as exc:  # no permission, an I/O error
+        raise CorruptRecordError(f"{path}: cannot read the scene record ({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
         raise CorruptRecordError(f"{path}: not a regular file; a scene record is a JSON file")
     if st.st_size > MAX_RECORD_BYTES:
