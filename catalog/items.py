@@ -12,12 +12,14 @@ import json
 import math
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyproj import CRS
 from shapely.geometry import shape
+
+from cubelake.record import Acquisition, Calibration, Footprint, Grid, ProductInfo, SceneRecord
 
 from . import geohash
 from .coverage import merged_coverage
@@ -91,8 +93,8 @@ def _number_or_text(value: str) -> float | int | str:
     return int(f) if f.is_integer() and "." not in value else f
 
 
-def _gsd(grid: dict[str, Any]) -> float | None:
-    t, wkt = grid.get("transform"), grid.get("crs_wkt")
+def _gsd(grid: Grid) -> float | None:
+    t, wkt = grid.transform, grid.crs_wkt
     if not t or not wkt:
         return None
     try:
@@ -104,21 +106,20 @@ def _gsd(grid: dict[str, Any]) -> float | None:
     return None
 
 
-def _acquisition(record: dict[str, Any]) -> dict[str, Any]:
-    acq = record.get("acquisition")
-    if acq:
-        return dict(acq)
+def _acquisition(record: SceneRecord) -> Acquisition:
+    if record.acquisition is not None:
+        return record.acquisition
     # records written before acquisition times were resolved: the metadata time, if any
-    dt = record.get("datetime")
+    dt = record.datetime
     if dt:
         from datetime import UTC, datetime
 
         v = datetime.fromisoformat(dt.replace("Z", "+00:00"))
         v = v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
-        return {"datetime": v.isoformat().replace("+00:00", "Z"), "source": "metadata"}
-    return {"datetime": None, "start_datetime": "1970-01-01T00:00:00Z",
-            "end_datetime": _time(record.get("ingested_at", "1970-01-01T00:00:00Z").replace("+00:00", "Z")),
-            "source": "unknown"}
+        return Acquisition(datetime=v.isoformat().replace("+00:00", "Z"), source="metadata")
+    return Acquisition(datetime=None, start_datetime="1970-01-01T00:00:00Z",
+                       end_datetime=_time((record.ingested_at or "1970-01-01T00:00:00Z").replace("+00:00", "Z")),
+                       source="unknown")
 
 
 def _sig(value: float) -> float:
@@ -126,50 +127,52 @@ def _sig(value: float) -> float:
     return float(f"{value:.7g}")
 
 
-def _bands(record: dict[str, Any], statistics: bool) -> list[dict[str, Any]]:
+def _bands(record: SceneRecord, statistics: bool) -> list[dict[str, Any]]:
     """The STAC 1.1 ``bands`` of a data asset: name, centre and FWHM (µm), optionally statistics."""
-    height, width = record["grid"]["height"], record["grid"]["width"]
+    height, width = record.grid.height, record.grid.width
     out = []
-    for b in record["bands"]:
-        band: dict[str, Any] = {"name": b.get("name") or f"b{b['source_band']}"}
-        if b.get("wavelength_nm") is not None:
-            band[EO_CENTER] = round(b["wavelength_nm"] / 1000.0, 7)
-        if b.get("fwhm_nm") is not None:
-            band[EO_FWHM] = round(b["fwhm_nm"] / 1000.0, 7)
+    for b in record.bands:
+        band: dict[str, Any] = {"name": b.name or f"b{b.source_band}"}
+        if b.wavelength_nm is not None:
+            band[EO_CENTER] = round(b.wavelength_nm / 1000.0, 7)
+        if b.fwhm_nm is not None:
+            band[EO_FWHM] = round(b.fwhm_nm / 1000.0, 7)
         if statistics:
-            stats = {k2: _sig(b[k1]) for k1, k2 in _STATS if b.get(k1) is not None}
-            if "count" in b and height * width:
-                stats["valid_percent"] = round(100.0 * b["count"] / (height * width), 4)
+            values = {"min": b.min, "max": b.max, "mean": b.mean, "std": b.std}
+            stats = {k2: _sig(v) for k1, k2 in _STATS if (v := values[k1]) is not None}
+            if b.count is not None and height * width:
+                stats["valid_percent"] = round(100.0 * b.count / (height * width), 4)
             if stats:
                 band["statistics"] = stats
         out.append(band)
     return out
 
 
-def _data_fields(record: dict[str, Any]) -> dict[str, Any]:
+def _data_fields(record: SceneRecord) -> dict[str, Any]:
     """What every band of a data asset shares, given once on the asset (STAC 1.1 lets bands inherit it)."""
-    enc = record.get("encoding", {})
+    enc = record.encoding
     out: dict[str, Any] = {}
-    if enc.get("dtype") in DATA_TYPES:
-        out["data_type"] = enc["dtype"]
-    fill = enc.get("_FillValue")
+    if enc.dtype in DATA_TYPES:
+        out["data_type"] = enc.dtype
+    fill = enc.fill_value
     if fill is not None:
         out["nodata"] = "nan" if fill == "NaN" else fill
-    unit = (record.get("calibration") or {}).get("unit")
+    unit = record.calibration.unit if record.calibration is not None else None
     if unit:
         out["unit"] = unit
-    if "scale_factor" in enc:
-        out[RASTER_SCALE] = enc["scale_factor"]
-        out[RASTER_OFFSET] = enc.get("add_offset", 0.0)
+    if enc.scale_factor is not None:
+        out[RASTER_SCALE] = enc.scale_factor
+        out[RASTER_OFFSET] = enc.add_offset if enc.add_offset is not None else 0.0
     return out
 
 
-def _calibration_summary(calibration: dict[str, Any] | None) -> dict[str, Any] | None:
+def _calibration_summary(calibration: Calibration | None) -> dict[str, Any] | None:
     """What the calibration did, without its per-band arrays (those are in ``scene.json``, the ``scene`` asset)."""
-    if not calibration:
+    if calibration is None:
         return None
-    steps = [s for s in calibration.get("steps", []) if isinstance(s, dict)]
-    out: dict[str, Any] = {k: calibration[k] for k in ("quantity", "unit", "source_dtype") if k in calibration}
+    steps = calibration.steps
+    out: dict[str, Any] = {"quantity": calibration.quantity, "unit": calibration.unit,
+                           "source_dtype": calibration.source_dtype}
     out["steps"] = [str(s.get("step")) for s in steps]
     for s in steps:
         if s.get("step") == "select_bands":
@@ -226,69 +229,73 @@ def item_bands(item: dict[str, Any]) -> list[dict[str, Any]]:
     return list(bands) if isinstance(bands, list) else []
 
 
-def _asset(href: str, key: str, info: dict[str, Any], media_type: str) -> dict[str, Any]:
+def _asset(href: str, key: str, info: ProductInfo, media_type: str) -> dict[str, Any]:
     a: dict[str, Any] = {"href": href, "type": media_type, "roles": ASSET_ROLES[key]}
-    if info.get("bytes") is not None:
-        a[FILE_SIZE] = info["bytes"]
-    if info.get("blake3"):
-        a[FILE_CHECKSUM] = multihash_blake3(info["blake3"])
-    if info.get("tree_blake3"):
-        a[CB_TREE_CHECKSUM] = multihash_blake3(info["tree_blake3"])
+    if info.bytes is not None:
+        a[FILE_SIZE] = info.bytes
+    if info.blake3:
+        a[FILE_CHECKSUM] = multihash_blake3(info.blake3)
+    if info.tree_blake3:
+        a[CB_TREE_CHECKSUM] = multihash_blake3(info.tree_blake3)
     return a
 
 
-def _assets(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    src = record["source"]
-    files = src.get("files", [])
-    main = next((f for f in files if f.get("path") == src["path"]), files[0] if len(files) == 1 else None)
+def _source_asset(record: SceneRecord) -> dict[str, Any]:
+    src = record.source
+    files = src.files
+    main = next((f for f in files if f.path == src.path), files[0] if len(files) == 1 else None)
     source: dict[str, Any] = {
-        "href": src["path"],
-        "type": source_media_type(src.get("format", "")),
+        "href": src.path,
+        "type": source_media_type(src.format or ""),
         "roles": ASSET_ROLES["source"],
-        "title": f"source ({src.get('format')}, {len(files)} file{'s' if len(files) != 1 else ''}; "
+        "title": f"source ({src.format}, {len(files)} file{'s' if len(files) != 1 else ''}; "
                  "the item's bands describe the products, not the source)",
-        "cubelake:band_count": (src.get("shape") or [None])[0],
+        "cubelake:band_count": src.shape[0] if src.shape else None,
     }
-    if src.get("dtype") in DATA_TYPES:
-        source["data_type"] = src["dtype"]
+    if src.dtype in DATA_TYPES:
+        source["data_type"] = src.dtype
     if main is not None:
-        source[FILE_SIZE] = main.get("size")
-        if main.get("blake3"):
-            source[FILE_CHECKSUM] = multihash_blake3(main["blake3"])
+        source[FILE_SIZE] = main.size
+        if main.blake3:
+            source[FILE_CHECKSUM] = multihash_blake3(main.blake3)
     source["cubelake:files"] = [
-        {"href": f["path"], FILE_SIZE: f.get("size"), **({FILE_CHECKSUM: multihash_blake3(f["blake3"])} if f.get("blake3") else {})}
+        {"href": f.path, FILE_SIZE: f.size, **({FILE_CHECKSUM: multihash_blake3(f.blake3)} if f.blake3 else {})}
         for f in files
     ]
-    assets = {"source": source}
-    chunk = record["grid"]["chunk_shape"]
-    products = record.get("products", {})
+    return source
+
+
+def _assets(record: SceneRecord) -> dict[str, dict[str, Any]]:
+    assets = {"source": _source_asset(record)}
+    chunk = record.grid.chunk_shape
+    products = record.products
     # every data asset lists the bands; their statistics once, on the COG (what viewers read), else the first
     with_stats = "cog" if "cog" in products else next(iter(products), None)
     shared = _data_fields(record)
     for key, info in products.items():
-        href = f"./{info['path']}"
+        href = f"./{info.path}"
         if key == "refs":
-            mt = ASSET_MEDIA_TYPES["refs_json" if info.get("format") == "json" else "refs_parquet"]
+            mt = ASSET_MEDIA_TYPES["refs_json" if info.format == "json" else "refs_parquet"]
         else:
-            mt = info.get("media_type") or ASSET_MEDIA_TYPES.get(key, "application/octet-stream")
+            mt = info.media_type or ASSET_MEDIA_TYPES.get(key, "application/octet-stream")
         a = _asset(href, key, info, mt)
         a.update(shared)
         a[BANDS] = _bands(record, statistics=key == with_stats)
         a[CB_CHUNK_SHAPE] = chunk
         if key == "zarr":
-            a["cubelake:array"] = info.get("array", "data")
+            a["cubelake:array"] = info.array or "data"
         if key == "refs":
-            a["cubelake:in_place"] = info.get("in_place")
-            a["cubelake:refs_format"] = info.get("format")
-            if info.get("reason_not_in_place"):
-                a["cubelake:reason_not_in_place"] = info["reason_not_in_place"]
+            a["cubelake:in_place"] = info.in_place
+            a["cubelake:refs_format"] = info.format
+            if info.reason_not_in_place:
+                a["cubelake:reason_not_in_place"] = info.reason_not_in_place
         assets[key] = a
-    labels = record.get("labels")
-    if labels and labels.get("cog"):
-        assets["labels"] = {"href": f"./{labels['cog']}", "type": ASSET_MEDIA_TYPES["cog"], "roles": ASSET_ROLES["labels"],
-                            "title": "per-pixel class labels", "cubelake:classes": labels.get("classes")}
-        if labels.get("zarr_array"):
-            assets["labels"]["cubelake:zarr_array"] = labels["zarr_array"]
+    labels = record.labels
+    if labels is not None and labels.cog:
+        assets["labels"] = {"href": f"./{labels.cog}", "type": ASSET_MEDIA_TYPES["cog"], "roles": ASSET_ROLES["labels"],
+                            "title": "per-pixel class labels", "cubelake:classes": labels.classes}
+        if labels.zarr_array:
+            assets["labels"]["cubelake:zarr_array"] = labels.zarr_array
     assets["scene"] = {"href": "./scene.json", "type": "application/json", "roles": ASSET_ROLES["scene"],
                        "title": "cubelake scene record"}
     assets["validation"] = {"href": "./validation.json", "type": "application/json", "roles": ASSET_ROLES["validation"],
@@ -331,27 +338,49 @@ def item_json(item: dict[str, Any]) -> str:
     return json.dumps(item, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The STAC 1.1 Item of a published scene record (``scene.json``)."""
-    sid = record["scene_id"]
-    profile = record.get("profile", {})
-    settings = profile.get("settings", {})
-    stac = settings.get("stac", {}) or {}
-    coll = collection_id(profile.get("name", "generic"))
-    grid = record["grid"]
+def _time_properties(record: SceneRecord) -> dict[str, Any]:
+    """``datetime`` (or a ``start``/``end`` interval), where the time came from, and ``created``/``updated``."""
     acq = _acquisition(record)
-    fp = record.get("footprint")
-    geometry = fp["geometry"] if fp else None
-    bbox = list(fp["bbox"]) if fp else None
-
-    props: dict[str, Any] = {"datetime": _time(acq.get("datetime"))}
-    if acq.get("start_datetime"):
-        props["start_datetime"] = _time(acq["start_datetime"])
-        props["end_datetime"] = _time(acq["end_datetime"])
-    props[CB_DATETIME_SOURCE] = acq.get("source", "unknown")
-    created = _time(record.get("ingested_at", "").replace("+00:00", "Z")) or None
+    props: dict[str, Any] = {"datetime": _time(acq.datetime)}
+    if acq.start_datetime:
+        props["start_datetime"] = _time(acq.start_datetime)
+        props["end_datetime"] = _time(acq.end_datetime)
+    props[CB_DATETIME_SOURCE] = acq.source
+    created = _time((record.ingested_at or "").replace("+00:00", "Z")) or None
     if created:
         props["created"] = props["updated"] = created
+    return props
+
+
+def _grid_properties(grid: Grid, fp: Footprint | None) -> dict[str, Any]:
+    """The projection extension's properties of the cube's grid."""
+    props: dict[str, Any] = {}
+    epsg = grid.crs_epsg
+    props[PROJ_CODE] = f"EPSG:{epsg}" if epsg else None
+    if not epsg and grid.crs_wkt:
+        props[PROJ_WKT2] = grid.crs_wkt
+    props[PROJ_SHAPE] = [grid.height, grid.width]
+    if grid.transform:
+        props[PROJ_TRANSFORM] = list(grid.transform[:6])
+    if fp and fp.native_bbox:
+        props[PROJ_BBOX] = list(fp.native_bbox)
+    return props
+
+
+def item_from_record(record: SceneRecord | Mapping[str, Any]) -> dict[str, Any]:
+    """The STAC 1.1 Item of a published scene record (``scene.json``; a parsed one is read as a record)."""
+    if not isinstance(record, SceneRecord):
+        record = SceneRecord.from_dict(record, "scene record")
+    sid = record.scene_id
+    profile = record.profile
+    stac = profile.settings.get("stac", {}) or {}
+    coll = collection_id(profile.name if profile.name is not None else "generic")
+    grid = record.grid
+    fp = record.footprint
+    geometry = fp.geometry if fp else None
+    bbox = list(fp.bbox) if fp else None
+
+    props = _time_properties(record)
     for k in ("platform", "constellation"):
         if stac.get(k):
             props[k] = stac[k]
@@ -361,7 +390,7 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
     if gsd is not None:
         props["gsd"] = gsd
     props.update(stac.get("properties", {}))
-    tags = record.get("tags") or {}
+    tags = record.tags
     for prop, tag in (stac.get("tag_properties") or {}).items():
         if tag in tags and str(tags[tag]).strip():
             props[prop] = _number_or_text(str(tags[tag]))
@@ -372,34 +401,24 @@ def item_from_record(record: dict[str, Any]) -> dict[str, Any]:
         else:
             props[prop] = value
 
-    epsg = grid.get("crs_epsg")
-    props[PROJ_CODE] = f"EPSG:{epsg}" if epsg else None
-    if not epsg and grid.get("crs_wkt"):
-        props[PROJ_WKT2] = grid["crs_wkt"]
-    props[PROJ_SHAPE] = [grid["height"], grid["width"]]
-    if grid.get("transform"):
-        props[PROJ_TRANSFORM] = list(grid["transform"][:6])
-    if fp and fp.get("native_bbox"):
-        props[PROJ_BBOX] = list(fp["native_bbox"])
-
-    merged = merged_coverage([b.get("wavelength_nm") for b in record["bands"]],
-                             [b.get("fwhm_nm") for b in record["bands"]])
+    props.update(_grid_properties(grid, fp))
+    merged = merged_coverage([b.wavelength_nm for b in record.bands], [b.fwhm_nm for b in record.bands])
     props[CB_COVERAGE] = [[round(lo, 4), round(hi, 4)] for lo, hi in merged]
-    props[CB_BAND_COUNT] = len(record["bands"])
-    hw = grid["height"] * grid["width"]
-    counts = [b.get("count") for b in record["bands"] if b.get("count") is not None]
+    props[CB_BAND_COUNT] = len(record.bands)
+    hw = grid.height * grid.width
+    counts = [b.count for b in record.bands if b.count is not None]
     if counts and hw:
         props[CB_QUALITY] = round(sum(counts) / (len(counts) * hw), 6)
-    props[CB_PROFILE] = profile.get("name")
-    props[CB_CHUNK_SHAPE] = grid["chunk_shape"]
-    props[CB_CALIBRATION] = _calibration_summary(record.get("calibration"))
-    warnings = (record.get("validation") or {}).get("warnings", [])
+    props[CB_PROFILE] = profile.name
+    props[CB_CHUNK_SHAPE] = grid.chunk_shape
+    props[CB_CALIBRATION] = _calibration_summary(record.calibration)
+    warnings = record.validation.warnings
     props[CB_VALIDATION] = {
         "status": "passed_with_warnings" if warnings else "passed",
-        "warnings": [{"code": w.get("code"), "message": w.get("message")} for w in warnings],
+        "warnings": [{"code": w.code, "message": w.message} for w in warnings],
     }
-    props[CB_CONFIG_HASH] = record.get("config_hash")
-    props[CB_CONTENT_HASH] = record.get("content_hash")
+    props[CB_CONFIG_HASH] = record.config_hash
+    props[CB_CONTENT_HASH] = record.content_hash
     props[CB_GEOHASH] = geohash.cover(shape(geometry), GEOHASH_PRECISION) if geometry else []
 
     item: dict[str, Any] = {

@@ -40,6 +40,7 @@ from cubelake.errors import (
     CorruptItemError,
     CubelakeError,
     ItemNotFoundError,
+    RecordVersionError,
 )
 from cubelake.lake import AnyLake, Lake, atomic_write_text, open_lake, pid_alive, safe_scene_id
 from cubelake.storage import is_url
@@ -324,9 +325,14 @@ class LakeCatalog:
         atomic_write_text(self.root / "catalog.json", json.dumps(root_catalog_dict(self.index.collections()), indent=1) + "\n")
 
     def _profile_stac(self, collection: str, any_item: str) -> tuple[dict[str, Any], str]:
-        record = self.lake.scene_record(any_item) or {}
-        profile = record.get("profile", {})
-        return dict(profile.get("settings", {}).get("stac", {}) or {}), str(profile.get("description", ""))
+        try:
+            record = self.lake.scene_record(any_item)
+        except RecordVersionError as exc:  # its collection is described without it
+            log.warning("%s", exc)
+            record = None
+        if record is None:
+            return {}, ""
+        return dict(record.profile.settings.get("stac", {}) or {}), str(record.profile.description or "")
 
     # -- recovery and reindex --------------------------------------------------
     def recover(self) -> list[str]:
@@ -437,9 +443,12 @@ class LakeCatalog:
             # an ingest rewriting this scene holds its lock and writes a new item anyway: leave it be
             # (waiting for it here, under the catalog lock it needs next, would deadlock)
             with self.lake.lock(sid, blocking=False) as held:
-                record = self.lake.scene_record(sid) if held else None
                 try:
+                    record = self.lake.scene_record(sid) if held else None
                     text = item_json(item_from_record(record)) if record is not None else None
+                except RecordVersionError as exc:
+                    log.warning("%s; keeping its item file", exc)
+                    text = None
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     log.warning("%s: no item can be built from this scene record (%r); keeping its item file",
                                 self.lake.scene_dir(sid) / "scene.json", exc)

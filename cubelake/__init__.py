@@ -3,9 +3,13 @@
 Import order (imports point one way; lower layers never import higher ones)::
 
     cubelake.errors, cubelake.grid      pure core (no I/O)
+    cubelake.record                     the typed, versioned scene record (scene.json)
+    cubelake.cube                       the cube spec and CF encoding every product shares
     cubelake.yamlsafe                   bounded YAML for untrusted files
     cubelake.lake                       the lake on disk (layout, atomic publish, locks)
     cubelake.products                   a scene's product as an analysis-ready xarray Dataset
+    cubelake.refs                       kerchunk references (the core only; never the ingest, except
+                                        build_refs reading a source file's metadata with its GDAL reader)
     cubelake.ingest                     readers, validation, calibration, COG/Zarr writers
     cubelake.catalog, cubelake.loaders  (later) catalog and PyTorch loaders
     cubelake.cli                        the command line (typer/rich live only here)

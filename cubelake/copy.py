@@ -24,6 +24,7 @@ from .errors import CubelakeError, LakeError
 from .hashing import file_blake3, tree_blake3
 from .lake import AnyLake, Lake, open_lake
 from .object_lake import VERSION_KEY, ObjectLake
+from .record import SceneRecord
 from .storage import Store, open_store
 
 __all__ = ["CopyReport", "copy_lake"]
@@ -69,11 +70,11 @@ def _scene_store(lake: AnyLake, scene_id: str) -> tuple[Store, dict[str, Any]]:
     return store, json.loads(store.get_text("item.json"))
 
 
-def _verify(staged: Path, record: dict[str, Any], scene_id: str) -> None:
+def _verify(staged: Path, record: SceneRecord, scene_id: str) -> None:
     """Every product's recorded BLAKE3 (file or tree) against the staged copy."""
-    for name, info in (record.get("products") or {}).items():
-        path = staged / str(info.get("path", ""))
-        want = info.get("blake3") or info.get("tree_blake3")
+    for name, info in record.products.items():
+        path = staged / info.path
+        want = info.blake3 or info.tree_blake3
         if not want:
             continue
         if not path.exists():
@@ -105,8 +106,7 @@ def copy_scene(src: AnyLake, dst: AnyLake, scene_id: str) -> int | None:
     if record is None:
         raise LakeError(f"{src.url}: scene {scene_id} has no readable record")
     there = dst.scene_record(scene_id)
-    if there and there.get("content_hash") == record.get("content_hash") and \
-            there.get("config_hash") == record.get("config_hash"):
+    if there is not None and there.content_hash == record.content_hash and there.config_hash == record.config_hash:
         return None
     staging = Path(tempfile.mkdtemp(prefix=f"cubelake-copy-{scene_id}-", dir=os.environ.get("CUBELAKE_STAGING")))
     try:

@@ -13,6 +13,7 @@ __all__ = [
     "ContentMismatchError",
     "CorruptIndexError",
     "CorruptItemError",
+    "CorruptRecordError",
     "CubelakeError",
     "GridMismatchError",
     "ItemNotFoundError",
@@ -21,6 +22,7 @@ __all__ = [
     "NoCubeError",
     "NotReferenceableError",
     "ProfileError",
+    "RecordVersionError",
     "RefsError",
     "SceneNotFoundError",
     "SceneReadError",
@@ -77,6 +79,14 @@ class LakeError(CubelakeError, OSError):
 
 class LakeFullError(LakeError):
     """The device holding the lake has no space left (ENOSPC/EDQUOT); the message says where and how much."""
+
+
+class CorruptRecordError(LakeError, ValueError):
+    """A scene record (``scene.json``) cannot be read or is not a valid record; the message names the file."""
+
+
+class RecordVersionError(LakeError):
+    """A scene record was written by a newer cubelake (its ``format_version`` is higher than this one reads)."""
 
 
 class NotReferenceableError(CubelakeError):

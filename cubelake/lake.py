@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import filelock
 
-from .errors import LakeError
+from .errors import CorruptRecordError, LakeError
+from .record import SCENE_RECORD_FILE, SceneRecord, read_scene_record
 from .storage import S3Options, Store, is_url, open_store
 
 __all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "format_bytes", "is_disk_full", "open_lake",
@@ -236,15 +237,19 @@ class Lake:
     def rejected_path(self, scene_id: str) -> Path:
         return self.root / "rejected" / f"{scene_id}.json"
 
-    def scene_record(self, scene_id: str) -> dict[str, Any] | None:
-        """The published ``scene.json`` of a scene, or ``None``."""
-        path = self.scene_dir(scene_id) / "scene.json"
+    def scene_record(self, scene_id: str) -> SceneRecord | None:
+        """The published record of a scene; ``None`` if there is none or it is unreadable (logged).
+
+        Raises :class:`~cubelake.errors.RecordVersionError` for a record a newer cubelake wrote
+        (treating it as absent would let this version overwrite the scene).
+        """
+        path = self.scene_dir(scene_id) / SCENE_RECORD_FILE
         try:
-            return json.loads(path.read_text())
+            return read_scene_record(path)
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError) as exc:
-            log.warning("unreadable scene record %s: %s", path, exc)
+        except CorruptRecordError as exc:
+            log.warning("unreadable scene record: %s", exc)
             return None
 
     def rejected_record(self, scene_id: str) -> dict[str, Any] | None:

@@ -33,8 +33,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import LakeError
+from .errors import CorruptRecordError, LakeError
 from .lake import LAKE_VERSION, pid_alive, safe_scene_id
+from .record import SCENE_RECORD_FILE, SceneRecord
 from .storage import CommitConflict, ObjectNotFound, S3Options, StorageError, Store, open_store
 
 __all__ = ["VERSION_KEY", "ObjectLake", "new_version"]
@@ -190,12 +191,22 @@ class ObjectLake:
         version = self.scene_version(scene_id)
         return self.store.url_of(self.version_key(scene_id, version)) if version else None
 
-    def scene_record(self, scene_id: str) -> dict[str, Any] | None:
-        """The published ``scene.json`` of a scene (through its commit object), or ``None``."""
+    def scene_record(self, scene_id: str) -> SceneRecord | None:
+        """The published record of a scene (through its commit object); ``None`` if unpublished or unreadable.
+
+        Raises :class:`~cubelake.errors.RecordVersionError` for a record a newer cubelake wrote.
+        """
         version = self.scene_version(scene_id)
         if version is None:
             return None
-        return self.read_json(f"{self.version_key(scene_id, version)}/scene.json")
+        key = f"{self.version_key(scene_id, version)}/{SCENE_RECORD_FILE}"
+        try:
+            return SceneRecord.from_json(self.store.get_text(key, _MAX_JSON), self.store.url_of(key))
+        except ObjectNotFound:
+            return None
+        except CorruptRecordError as exc:
+            log.warning("unreadable scene record: %s", exc)
+            return None
 
     def scene_ids(self) -> list[str]:
         """Ids of the scene folders (one delimiter listing; a folder without a commit object is skipped by readers)."""

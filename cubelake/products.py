@@ -11,24 +11,26 @@ an index on ``wavelength`` so ``ds.sel(wavelength=slice(800, 900))`` selects ban
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CubelakeError
+
+if TYPE_CHECKING:  # the record (pydantic, numpy) is imported when a scene folder is opened, not by 'import cubelake'
+    from .record import ProductInfo
 
 __all__ = ["open_dataset", "scene_product"]
 
 _SPECTRAL_COORDS = ("wavelength", "fwhm")
 
 
-def scene_product(folder: Path, products: dict[str, Any], prefer: Sequence[str]) -> tuple[str, Path] | None:
+def scene_product(folder: Path, products: Mapping[str, ProductInfo], prefer: Sequence[str]) -> tuple[str, Path] | None:
     """``(kind, path)`` of the first of ``prefer`` a scene record's ``products`` has, or ``None``."""
     for kind in prefer:
         info = products.get(kind)
-        if info:
-            return kind, folder / str(info["path"])
+        if info is not None:
+            return kind, folder / info.path
     return None
 
 
@@ -39,13 +41,12 @@ def _product_path(path: Path, prefer: Sequence[str]) -> tuple[str, Path]:
         return "zarr", path
     if name.endswith((".json", ".parq", ".parquet")):
         return "refs", path
-    record_file = path / "scene.json"
-    if not record_file.is_file():
-        raise CubelakeError(f"{path}: not a lake scene folder (no scene.json), a .zarr store or a reference set")
+    from .record import SCENE_RECORD_FILE, read_scene_record
+
     try:
-        products = json.loads(record_file.read_text()).get("products") or {}
-    except (OSError, ValueError) as exc:
-        raise CubelakeError(f"{record_file}: unreadable scene record ({exc})") from exc
+        products = read_scene_record(path / SCENE_RECORD_FILE).products
+    except FileNotFoundError:
+        raise CubelakeError(f"{path}: not a lake scene folder (no scene.json), a .zarr store or a reference set") from None
     found = scene_product(path, products, [k for k in prefer if k in ("zarr", "refs")])
     if found is not None:
         return found

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from .calibrate import BandSelection, CalibrationPlan, CFEncoder, LinearCoder
+from cubelake.cube import CFEncoder
+
+from .calibrate import BandSelection, CalibrationPlan, LinearCoder
 from .pipeline import (
     PRODUCTS,
     IngestOptions,

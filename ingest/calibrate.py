@@ -6,6 +6,8 @@ For every kept band ``b``::
     stored = value                               (float32 encoding), or
     stored = round((value - add_offset) / scale_factor)   (int16/uint16 CF encoding, fill where NaN)
 
+The last step, the stored representation (:class:`~cubelake.cube.CFEncoder`), lives in
+``cubelake.cube``: the product writers, the references and the readers share it.
 Each step has ``encode``/``decode`` and ``to_dict``/``from_dict`` (the record in every product's
 metadata), so what was applied can be audited and undone.
 """
@@ -19,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from cubelake.cube import CFEncoder
+
 __all__ = [
     "SUPPORTED_DTYPES",
     "BandSelection",
-    "CFEncoder",
     "CalibrationPlan",
     "LinearCoder",
-    "default_fill",
 ]
 
 #: Source data types cubelake ingests (complex and 64-bit integer rasters are refused).
@@ -33,15 +35,6 @@ SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "floa
 
 #: Bands calibrated at once: bounds the float64 working set to ``_GROUP × chunk²`` values.
 _GROUP = 16
-
-
-def default_fill(dtype: str) -> float:
-    """The fill value of an encoding: NaN for floats, the type's extreme for integers."""
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return math.nan
-    info = np.iinfo(dt)
-    return float(info.min) if dt.kind == "i" else float(info.max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,88 +101,6 @@ class LinearCoder:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LinearCoder:
         return cls(tuple(d["gain"]), tuple(d["offset"]), d.get("source", "none"))
-
-
-@dataclass(frozen=True, slots=True)
-class CFEncoder:
-    """Stored representation: float32, a source integer type unchanged, or int with CF scale/offset."""
-
-    dtype: str
-    scale_factor: float = 1.0
-    add_offset: float = 0.0
-    fill_value: float | None = None
-
-    @property
-    def is_integer(self) -> bool:
-        return np.dtype(self.dtype).kind in "iu"
-
-    @property
-    def is_scaled(self) -> bool:
-        return self.scale_factor != 1.0 or self.add_offset != 0.0
-
-    def valid_range(self) -> tuple[float, float]:
-        """Stored values that are data (the fill value at an extreme is excluded)."""
-        dt = np.dtype(self.dtype)
-        if dt.kind == "f":
-            return (-math.inf, math.inf)
-        info = np.iinfo(dt)
-        lo, hi = float(info.min), float(info.max)
-        if self.fill_value == lo:
-            lo += 1
-        elif self.fill_value == hi:
-            hi -= 1
-        return lo, hi
-
-    def encode(self, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Physical float64 (NaN = missing) -> stored array and the per-band count of clipped values."""
-        clipped = np.zeros(value.shape[0], dtype=np.int64)
-        if not self.is_integer:
-            top = float(np.finfo(self.dtype).max)
-            with np.errstate(invalid="ignore"):
-                over = np.abs(value) > top
-            over &= np.isfinite(value)
-            if over.any():  # finite values float32 cannot hold would become inf: clip and count them
-                clipped = over.sum(axis=(1, 2))
-                value = np.clip(value, -top, top)
-            return value.astype(self.dtype), clipped
-        q = (value - self.add_offset) / self.scale_factor if self.is_scaled else value.copy()
-        np.rint(q, out=q)
-        missing = np.isnan(q)
-        lo, hi = self.valid_range()
-        with np.errstate(invalid="ignore"):
-            over = (q < lo) | (q > hi)
-        if over.any():
-            clipped = over.sum(axis=(1, 2))
-            np.clip(q, lo, hi, out=q)
-        if missing.any():
-            if self.fill_value is None:
-                raise ValueError("missing values need a fill value to be encoded as integers")
-            q[missing] = self.fill_value
-        return q.astype(self.dtype), clipped
-
-    def decode(self, stored: np.ndarray) -> np.ndarray:
-        """Stored -> physical float64 with NaN where the fill value is."""
-        v = stored.astype(np.float64)
-        if self.fill_value is not None and not math.isnan(self.fill_value):
-            v[stored == self.fill_value] = np.nan
-        if self.is_scaled:
-            v = v * self.scale_factor + self.add_offset
-        return v
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"step": "cf_encode", "dtype": self.dtype}
-        if self.is_scaled:
-            d["formula"] = "stored = round((value - add_offset) / scale_factor)"
-            d["scale_factor"] = self.scale_factor
-            d["add_offset"] = self.add_offset
-        d["_FillValue"] = None if self.fill_value is None else ("NaN" if math.isnan(self.fill_value) else self.fill_value)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CFEncoder:
-        fv = d.get("_FillValue")
-        fill = math.nan if fv == "NaN" else fv
-        return cls(d["dtype"], d.get("scale_factor", 1.0), d.get("add_offset", 0.0), fill)
 
 
 @dataclass(frozen=True, slots=True)

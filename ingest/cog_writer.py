@@ -36,10 +36,10 @@ from rasterio.errors import NotGeoreferencedWarning
 from rasterio.io import MemoryFile
 from rasterio.transform import Affine
 
+from cubelake.cube import CFEncoder
 from cubelake.errors import CubelakeError
 from cubelake.grid import ChunkGrid, Window
 
-from .calibrate import CFEncoder
 from .sources import BandInfo
 from .spectral import parse_wavelength_text
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from cubelake.hashing import file_blake3
 from cubelake.lake import AnyLake, safe_scene_id
+from cubelake.record import SceneRecord, SourceFile
 
 from .sources import SceneInput, SceneKind
 from .sources.envi import DATA_EXTENSIONS
@@ -39,18 +40,18 @@ class FileFingerprint:
         return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "blake3": self.blake3}
 
 
-def fingerprint_files(files: list[str], previous: dict[str, Any] | None = None) -> list[FileFingerprint]:
+def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> list[FileFingerprint]:
     """Size, mtime and BLAKE3 of each file; hashes reused from ``previous`` when size+mtime match."""
-    known = {}
-    if previous:
-        known = {f["path"]: f for f in previous.get("source", {}).get("files", [])}
+    known: dict[str, SourceFile] = {}
+    if previous is not None:
+        known = {f.path: f for f in previous.source.files}
     out = []
     for f in files:
         p = Path(f).resolve()
         st = p.stat()
         old = known.get(str(p))
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns and "blake3" in old:
-            digest = old["blake3"]
+        if old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns and old.blake3 is not None:
+            digest = old.blake3
         else:
             digest = file_blake3(p)
         out.append(FileFingerprint(str(p), st.st_size, st.st_mtime_ns, digest))
@@ -100,6 +101,6 @@ def scene_id_for(lake: AnyLake, inp: SceneInput, tags: dict[str, str] | None = N
             if owner not in (None, source):
                 continue
             return cand
-        if rec.get("source", {}).get("path") == source:
+        if rec.source.path == source:
             return cand
     return f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"

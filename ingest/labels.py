@@ -18,10 +18,11 @@ import numpy as np
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
+from cubelake.cube import CFEncoder
 from cubelake.errors import CubelakeError
 from cubelake.grid import Window
+from cubelake.record import Labels
 
-from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink
 from .report import Code, Issue, error
 from .sources import BandInfo, RasterSource
@@ -117,7 +118,7 @@ def plan_labels(source: RasterSource, label_path: Path | None) -> tuple[LabelPla
 
 def write_labels(plan: LabelPlan, staged: Path, scene_id: str, chunk: int, zarr_path: Path | None,
                  transform: tuple[float, float, float, float, float, float] | None, crs_wkt: str | None,
-                 cog: bool) -> dict[str, Any]:
+                 cog: bool) -> Labels:
     """Write the label map into the Zarr (``labels``) and as ``<id>.labels.tif``; returns its record."""
     arr = plan.array
     info: dict[str, Any] = {"source": plan.source, "dtype": plan.dtype,
@@ -138,4 +139,4 @@ def write_labels(plan: LabelPlan, staged: Path, scene_id: str, chunk: int, zarr_
         sink.write(Window(0, 0, arr.shape[0], arr.shape[1]), arr[None])
         sink.finish()
         info["cog"] = target.name
-    return info
+    return Labels.model_validate(info)

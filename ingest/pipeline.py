@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import threading
@@ -29,6 +28,7 @@ import rasterio
 from cubelake import __version__
 from cubelake.catalog.items import ITEM_FILE, item_from_record, item_json
 from cubelake.catalog.lake import LakeCatalog
+from cubelake.cube import CFEncoder, CubeSpec
 from cubelake.errors import (
     CatalogError,
     ContentMismatchError,
@@ -41,6 +41,26 @@ from cubelake.errors import (
 from cubelake.grid import ChunkGrid
 from cubelake.hashing import file_blake3, tree_blake3
 from cubelake.lake import AnyLake, Lake, atomic_write_text, is_disk_full, open_lake
+from cubelake.record import (
+    SCENE_RECORD_FILE,
+    SCENE_RECORD_VERSION,
+    Acquisition,
+    Band,
+    BuildSettings,
+    Calibration,
+    Encoding,
+    Footprint,
+    Grid,
+    Labels,
+    ProductInfo,
+    ProfileInfo,
+    RecordIssue,
+    SceneRecord,
+    SourceFile,
+    SourceInfo,
+    ValidationSummary,
+    json_safe,
+)
 from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
@@ -48,10 +68,10 @@ from cubelake.refs.layout import TiffLayout, read_layout
 from cubelake.storage import join_url
 
 from .acqtime import AcquisitionTime, acquisition_time
-from .calibrate import CFEncoder
 from .cog_writer import CogSettings, CogSink, dataset_tags
 from .footprint import ValidMask, footprint_from_mask
 from .identity import (
+    FileFingerprint,
     config_hash,
     content_hash,
     fingerprint_files,
@@ -72,7 +92,7 @@ from .sources import (
     open_source,
 )
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
-from .zarr_writer import CubeSpec, ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
+from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
 __all__ = [
     "PRODUCTS",
@@ -323,13 +343,13 @@ def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
     }
 
 
-def _keeping_products(options: IngestOptions, previous: dict[str, Any] | None) -> IngestOptions:
+def _keeping_products(options: IngestOptions, previous: SceneRecord | None) -> IngestOptions:
     """The products to build: those asked for, plus those the published version already has.
 
     Re-ingesting with ``--products refs`` must not delete the scene's COG and Zarr: a product
     once published stays (rebuilt with the new settings when anything changed).
     """
-    had = set((previous or {}).get("products") or {}) & set(PRODUCTS)
+    had = set(previous.products if previous is not None else ()) & set(PRODUCTS)
     if had <= set(options.products):
         return options
     return dataclasses.replace(options, products=tuple(p for p in PRODUCTS if p in had | set(options.products)))
@@ -350,18 +370,6 @@ def _reject(lake: AnyLake, scene_id: str, inp: SceneInput, report: ValidationRep
     return IngestResult(str(inp.path), scene_id, Outcome.REJECTED, report,
                         f"rejected{note}: {n} error{'s' if n != 1 else ''}, listed in the report {path}",
                         seconds=time.perf_counter() - t0)
-
-
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, np.generic):
-        return _json_safe(v.item())
-    return v
 
 
 def _dir_size(path: Path) -> int:
@@ -404,52 +412,94 @@ def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None =
             source.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _BuildContext:
+    """What every step of building one scene shares: the scene, its plan, the options, the lake.
+
+    Only opened and planned scenes are built (:func:`ingest_scene` rejects the others first); the
+    staging folder the products are written into is passed along with it.
+    """
+
+    inp: SceneInput
+    lake: AnyLake
+    scene_id: str
+    opened: _Opened
+    options: IngestOptions
+    settings: dict[str, Any]  # what shapes the products (see _settings); its hash is cfg_hash
+    cfg_hash: str
+    t0: float  # perf_counter at the start of the scene
+    emit: Callable[..., None]  # progress: emit(stage, done=0, total=0)
+
+    @property
+    def meta(self) -> SceneMetadata:
+        assert self.opened.source is not None
+        return self.opened.source.meta
+
+    @property
+    def plan(self) -> ScenePlan:
+        assert self.opened.plan is not None
+        return self.opened.plan
+
+    @property
+    def report(self) -> ValidationReport:
+        return self.opened.report
+
+    @property
+    def shard(self) -> int | None:
+        shard: int | None = self.settings["shard"]
+        return shard
+
+    def wants(self, product: str) -> bool:
+        return product in self.options.products
+
+    def staged_path(self, staged: Path, suffix: str) -> Path:
+        """A product's path in the staging folder: ``<staged>/<scene id><suffix>``."""
+        return staged / f"{self.scene_id}{suffix}"
+
+
 def _build_or_skip(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
-                   previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
+                   previous: SceneRecord | None, t0: float, emit: Callable[..., None]) -> IngestResult:
     """Build the scene's products, unless the published version has the same content and settings."""
     assert opened.plan is not None
     assert opened.source is not None
     settings = _settings(opened.plan, options)
     cfg_hash = config_hash(settings)
+    ctx = _BuildContext(inp, lake, scene_id, opened, options, settings, cfg_hash, t0, emit)
     meta = opened.source.meta
     files = list(meta.files) + ([str(inp.labels)] if inp.labels else [])
     if previous is None:
         # nothing to compare with: hash the source while the products are built
-        hasher = _Background(lambda: fingerprint_files(files, None))
-        return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, hasher, previous, t0, emit)
+        return _guarded_build(ctx, _Background(lambda: fingerprint_files(files, None)), previous)
     prints = fingerprint_files(files, previous)
     c_hash = content_hash(prints)
     if (
         not options.force
-        and previous.get("source", {}).get("content_hash") == c_hash
-        and previous.get("config_hash") == cfg_hash
+        and previous.source.content_hash == c_hash
+        and previous.config_hash == cfg_hash
     ):
         emit("done")
         return IngestResult(
             str(inp.path), scene_id, Outcome.UNCHANGED, opened.report,
             f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
-            products={k: join_url(lake.scene_location(scene_id) or "", v["path"])
-                      for k, v in previous.get("products", {}).items()},
+            products={k: join_url(lake.scene_location(scene_id) or "", v.path) for k, v in previous.products.items()},
             seconds=time.perf_counter() - t0,
         )
-    return _guarded_build(inp, lake, scene_id, opened, options, settings, cfg_hash, _Background(lambda: prints),
-                          previous, t0, emit)
+    return _guarded_build(ctx, _Background(lambda: prints), previous)
 
 
-def _guarded_build(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
-                   *args: Any) -> IngestResult:
+def _guarded_build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None) -> IngestResult:
     """:func:`_build`, with a full device reported as such (where, how much is free, how much is needed)."""
     try:
-        return _build(inp, lake, scene_id, opened, options, *args)
+        return _build(ctx, hasher, previous)
     except LakeFullError:
         raise
     except Exception as exc:
         if not is_disk_full(exc):
             raise
         raise LakeFullError(
-            f"{inp.path}: no space left for this scene's products in the lake {lake.root}: the "
-            f"{lake.space_text(_estimated_bytes(opened, options))}. Nothing was published; free space (or use a "
-            "--lake on another device) and run the same command again") from exc
+            f"{ctx.inp.path}: no space left for this scene's products in the lake {ctx.lake.root}: the "
+            f"{ctx.lake.space_text(_estimated_bytes(ctx.opened, ctx.options))}. Nothing was published; free space "
+            "(or use a --lake on another device) and run the same command again") from exc
 
 
 def _estimated_bytes(opened: _Opened, options: IngestOptions) -> int | None:
@@ -522,41 +572,43 @@ def _refs_plan(opened: _Opened, options: IngestOptions, local_lake: bool = True)
     return _RefsPlan(True, None, layout, encoding)
 
 
-def _write_scene_refs(lake: AnyLake, scene_id: str, staged: Path, refs_plan: _RefsPlan, cube_spec: CubeSpec,
-                      meta: SceneMetadata, cog_path: Path, options: IngestOptions) -> tuple[dict[str, Any], str]:
+def _write_scene_refs(ctx: _BuildContext, staged: Path, refs_plan: _RefsPlan,
+                      cube_spec: CubeSpec) -> tuple[ProductInfo, str]:
     """Reference the source in place, or the staged COG beside the set; write the set into ``staged``.
 
     The scene's own COG is named relative to the set (``<id>.tif``), so the lake can be moved or
     copied; a source referenced in place keeps its absolute path (and its folder becomes an
-    allowed root of the lake).
+    allowed root of the lake). Returns the product and a note for the result message.
     """
+    ctx.emit("refs")
     if refs_plan.in_place:
         assert refs_plan.layout is not None
         assert refs_plan.encoding is not None
-        src = Path(meta.files[0]).resolve()
+        src = Path(ctx.meta.files[0]).resolve()
         target = stat_target(str(src))
         layout = refs_plan.layout
         spec = dataclasses.replace(cube_spec, encoding=refs_plan.encoding)
-        own_cog = False
-        if lake.allow_root(str(src.parent)):
-            log.info("%s: lake %s now allows references into %s", src, lake.root, src.parent)
+        if ctx.lake.allow_root(str(src.parent)):
+            log.info("%s: lake %s now allows references into %s", src, ctx.lake.root, src.parent)
         note = f"; refs point at the source's tiles in place ({src})"
     else:
+        cog_path = ctx.staged_path(staged, ".tif")
         # publishing renames the folder: the name, size, mtime and content all stay
         target = dataclasses.replace(stat_target(str(cog_path)), url=cog_path.name)
         layout = read_layout(str(cog_path))
         spec = cube_spec
-        own_cog = True
         note = f"; refs point at the COG, not the source, because {refs_plan.reason}"
-    refs = reference_tiff(layout, target, spec, tile_size_rule=not own_cog)
-    fmt = options.refs_format
+    # a source's tiles must make training chunks; our own COG's tiles are the chunks
+    refs = reference_tiff(layout, target, spec, tile_size_rule=refs_plan.in_place)
+    fmt = ctx.options.refs_format
     if fmt == "auto":
-        fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD and lake.is_local else "json"
-    elif fmt == "parquet" and not lake.is_local:
-        log.warning("%s: Parquet references are read from local lakes only; writing JSON to %s", scene_id, lake.url)
+        fmt = "parquet" if refs.n_chunks >= PARQUET_THRESHOLD and ctx.lake.is_local else "json"
+    elif fmt == "parquet" and not ctx.lake.is_local:
+        log.warning("%s: Parquet references are read from local lakes only; writing JSON to %s", ctx.scene_id,
+                    ctx.lake.url)
         fmt = "json"
-    path = write_refs(refs, staged / f"{scene_id}.refs.{'json' if fmt == 'json' else 'parq'}", fmt)
-    info = {
+    path = write_refs(refs, ctx.staged_path(staged, f".refs.{'json' if fmt == 'json' else 'parq'}"), fmt)
+    info = ProductInfo.model_validate({
         "path": path.name,
         "format": fmt,
         "bytes": _dir_size(path),
@@ -566,7 +618,9 @@ def _write_scene_refs(lake: AnyLake, scene_id: str, staged: Path, refs_plan: _Re
         "in_place": refs_plan.in_place,
         "target": target.to_dict(),
         "reason_not_in_place": refs_plan.reason,
-    }
+        # a JSON set is one file, a Parquet set a folder
+        **({"blake3": file_blake3(path)} if path.is_file() else {"tree_blake3": tree_blake3(path)}),
+    })
     return info, note
 
 
@@ -576,7 +630,7 @@ def _cube_spec(plan: ScenePlan, meta: SceneMetadata, scene_id: str, cfg_hash: st
     data_attrs = {
         "long_name": cal.quantity or "calibrated values",
         **({"units": cal.unit} if cal.unit else {}),
-        "cubelake:calibration": json.dumps(_json_safe(cal.to_dict())),
+        "cubelake:calibration": json.dumps(json_safe(cal.to_dict())),
     }
     return CubeSpec.from_bands(
         plan.bands,
@@ -606,158 +660,218 @@ def _acquisition(inp: SceneInput, meta: SceneMetadata, profile: SensorProfile,
     return acq
 
 
-def _build(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opened, options: IngestOptions,
-           settings: dict[str, Any], cfg_hash: str, hasher: _Background,
-           previous: dict[str, Any] | None, t0: float, emit: Callable[..., None]) -> IngestResult:
-    assert opened.source is not None
-    assert opened.plan is not None
-    source, plan, report = opened.source, opened.plan, opened.report
-    meta = source.meta
-    cal = plan.calibration
-    nb = cal.n_out
-    shard = settings["shard"]
-    record_core = {
-        "scene_id": scene_id,
-        "calibration": cal.to_dict(),
-        "config_hash": cfg_hash,
-        "version": __version__,
-    }
-    refs_plan = _refs_plan(opened, options, lake.is_local) if "refs" in options.products else None
-    want_cog = "cog" in options.products or (refs_plan is not None and not refs_plan.in_place)
+def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None) -> IngestResult:
+    """Write the scene's products into a staging folder, then its records, and publish the folder.
+
+    One pixel pass feeds every pixel product; a scene the pass finds invalid is rejected and
+    nothing is published.
+    """
+    refs_plan = _refs_plan(ctx.opened, ctx.options, ctx.lake.is_local) if ctx.wants("refs") else None
+    want_cog = ctx.wants("cog") or (refs_plan is not None and not refs_plan.in_place)
     if refs_plan is not None and not refs_plan.in_place:
-        log.info("%s: referencing a COG copy, not the source, because %s", inp.path, refs_plan.reason)
-    with lake.staging(scene_id) as staged:
-        sinks: list[Any] = []
-        cog = None
-        zarr_path = staged / f"{scene_id}.zarr"
-        cog_path = staged / f"{scene_id}.tif"
-        cube_spec = _cube_spec(plan, meta, scene_id, cfg_hash)
-        if "zarr" in options.products:
-            create_zarr(zarr_path, cube_spec, chunk=plan.chunk, codec=options.zarr_codec, shard=shard,
-                        labels_dtype=opened.labels.dtype if opened.labels is not None else None)
-            sinks.append(ZarrSink(zarr_path))
-        if want_cog:
-            cog = CogSink(
-                cog_path,
-                shape=(nb, meta.height, meta.width),
-                encoding=cal.encoding,
-                transform=meta.transform,
-                crs_wkt=meta.crs_wkt,
-                bands=plan.bands,
-                tags=dataset_tags(record_core),
-                settings=CogSettings(plan.chunk, plan.profile.products.compression, plan.profile.products.level,
-                                     plan.profile.products.overviews, options.workers),
-                unit=cal.unit,
-            )
-            sinks.append(cog)
-        valid_mask = ValidMask(meta.height, meta.width)
-        try:
-            result = _pixel_pass(opened, options, sinks, lambda d, t: emit("scan", d, t), plan.chunk, shard,
-                                 valid_mask)
-        except BaseException:
+        log.info("%s: referencing a COG copy, not the source, because %s", ctx.inp.path, refs_plan.reason)
+    with ctx.lake.staging(ctx.scene_id) as staged:
+        cube_spec = _cube_spec(ctx.plan, ctx.meta, ctx.scene_id, ctx.cfg_hash)
+        zarr = _start_zarr(ctx, staged, cube_spec) if ctx.wants("zarr") else None
+        cog = _start_cog(ctx, staged) if want_cog else None
+        valid_mask = ValidMask(ctx.meta.height, ctx.meta.width)
+        result = _scan(ctx, zarr, cog, valid_mask)
+        if not ctx.report.ok:
             if cog is not None:
                 cog.abort()
-            raise
-        if result.clipped is not None and result.clipped.any():
-            over = [plan.bands[i].number for i in np.flatnonzero(result.clipped)]
-            report.extend([warning(
-                Code.ENCODING_CLIPPED,
-                f"{int(result.clipped.sum())} value(s) outside the {cal.encoding.dtype} range were clipped to it "
-                f"(scale_factor {cal.encoding.scale_factor:g}); check those bands, or widen the encoding in the profile",
-                bands=over)])
-        if not report.ok:
-            if cog is not None:
-                cog.abort()
-            return _reject(lake, scene_id, inp, report, t0, previous is not None)
-        products: dict[str, str] = {}
-        product_info: dict[str, Any] = {}
+            return _reject(ctx.lake, ctx.scene_id, ctx.inp, ctx.report, ctx.t0, previous is not None)
+        products: dict[str, ProductInfo] = {}  # cog, refs, zarr: the order scene.json and the message list them
         if cog is not None:
-            emit("cog")
-            info = cog.finish()
-            products["cog"] = cog_path.name
-            product_info["cog"] = {"path": cog_path.name, "bytes": cog_path.stat().st_size,
-                                   "blake3": file_blake3(cog_path),
-                                   "media_type": "image/tiff; application=geotiff; profile=cloud-optimized",
-                                   "validator_warnings": info["warnings"]}
+            products["cog"] = _finish_cog(ctx, staged, cog)
         refs_note = ""
         if refs_plan is not None:
-            emit("refs")
-            refs_info, refs_note = _write_scene_refs(lake, scene_id, staged, refs_plan, cube_spec, meta, cog_path, options)
-            products["refs"] = refs_info["path"]
-            product_info["refs"] = refs_info
-        labels_info = None
-        if opened.labels is not None:
-            labels_info = write_labels(opened.labels, staged, scene_id, plan.chunk,
-                                       zarr_path if "zarr" in options.products else None,
-                                       meta.transform, meta.crs_wkt, "cog" in options.products)
-        if "zarr" in options.products:
-            products["zarr"] = zarr_path.name
-            product_info["zarr"] = {"path": zarr_path.name, "array": "data", "bytes": _dir_size(zarr_path),
-                                    "media_type": "application/vnd+zarr; version=3"}
-        phys = result.stats.physical(cal.selection.keep, cal.linear)
-        fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
-        acq = _acquisition(inp, meta, plan.profile, report)
-        prints = hasher.result()
-        c_hash = content_hash(prints)
-        record_core["content_hash"] = c_hash
-        record = {
-            **record_core,
-            "format_version": 1,
-            "ingested_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "source": {
-                "path": str(inp.path.resolve()),
-                "format": meta.format,
-                "files": [p.to_dict() for p in prints],
-                "content_hash": c_hash,
-                "shape": list(meta.shape),
-                "dtype": meta.dtype,
-                "nodata": meta.nodata,
-            },
-            "profile": {"name": plan.profile.name, "origin": plan.profile.origin, "settings": plan.profile.config_dict()},
-            "settings": settings,
-            "grid": {
-                "height": meta.height, "width": meta.width, "crs_wkt": meta.crs_wkt, "crs_epsg": meta.crs_epsg,
-                "transform": list(meta.transform) if meta.transform else None,
-                "georeferenced": meta.transform is not None, "chunk_shape": [nb, plan.chunk, plan.chunk],
-                "shard_chunks": shard,
-            },
-            "datetime": meta.datetime,
-            "acquisition": acq.to_dict(),
-            "footprint": fp.to_dict() if fp is not None else None,
-            "tags": meta.tags,
-            "bands": [
-                {"index": i, "source_band": b.number, "name": b.name, "wavelength_nm": b.wavelength_nm,
-                 "fwhm_nm": b.fwhm_nm, **{k: phys[k][i] for k in phys}}
-                for i, b in enumerate(plan.bands)
-            ],
-            "encoding": cal.encoding.to_dict(),
-            "products": product_info,
-            "labels": labels_info,
-            "validation": {"ok": True, "warnings": [w.to_dict() for w in report.warnings]},
-        }
-        if "zarr" in options.products:
-            finish_zarr(zarr_path, {"cubelake:band_stats": json.dumps(_json_safe(phys))},
-                        {"cubelake:content_hash": c_hash})
-            product_info["zarr"]["bytes"] = _dir_size(zarr_path)
-            product_info["zarr"]["tree_blake3"] = tree_blake3(zarr_path)
-        if "refs" in product_info:
-            refs_file = staged / product_info["refs"]["path"]
-            product_info["refs"]["blake3" if refs_file.is_file() else "tree_blake3"] = (
-                file_blake3(refs_file) if refs_file.is_file() else tree_blake3(refs_file))
-        record = _json_safe(record)
-        item = item_from_record(record)
-        atomic_write_text(staged / "validation.json", report.to_json() + "\n")
-        atomic_write_text(staged / "scene.json", json.dumps(record, indent=2) + "\n")
-        atomic_write_text(staged / ITEM_FILE, item_json(item))
-        emit("publish")
-        target = _publish(lake, staged, scene_id)
-    emit("done")
+            products["refs"], refs_note = _write_scene_refs(ctx, staged, refs_plan, cube_spec)
+        labels = _write_scene_labels(ctx, staged)
+        measured = _measure(ctx, result, valid_mask, hasher)
+        if zarr is not None:
+            products["zarr"] = _finish_scene_zarr(ctx, staged, measured)
+        record = _scene_record(ctx, measured, products, labels)
+        _write_records(staged, record, ctx.report)
+        ctx.emit("publish")
+        target = _publish(ctx.lake, staged, ctx.scene_id)
+    ctx.emit("done")
+    return _ingested(ctx, record, target, refs_note)
+
+
+def _start_zarr(ctx: _BuildContext, staged: Path, cube_spec: CubeSpec) -> ZarrSink:
+    """Create the Zarr store (metadata and coordinates) in ``staged``; its sink for the pixel pass."""
+    path = ctx.staged_path(staged, ".zarr")
+    labels = ctx.opened.labels
+    create_zarr(path, cube_spec, chunk=ctx.plan.chunk, codec=ctx.options.zarr_codec, shard=ctx.shard,
+                labels_dtype=labels.dtype if labels is not None else None)
+    return ZarrSink(path)
+
+
+def _start_cog(ctx: _BuildContext, staged: Path) -> CogSink:
+    """The COG's sink for the pixel pass (tiles compressed as they come, assembled by ``finish``)."""
+    plan, meta = ctx.plan, ctx.meta
+    cal, products = plan.calibration, plan.profile.products
+    tags = {"scene_id": ctx.scene_id, "calibration": cal.to_dict(), "config_hash": ctx.cfg_hash,
+            "version": __version__}
+    return CogSink(
+        ctx.staged_path(staged, ".tif"),
+        shape=(cal.n_out, meta.height, meta.width),
+        encoding=cal.encoding,
+        transform=meta.transform,
+        crs_wkt=meta.crs_wkt,
+        bands=plan.bands,
+        tags=dataset_tags(tags),
+        settings=CogSettings(plan.chunk, products.compression, products.level, products.overviews,
+                             ctx.options.workers),
+        unit=cal.unit,
+    )
+
+
+def _scan(ctx: _BuildContext, zarr: ZarrSink | None, cog: CogSink | None, valid_mask: ValidMask) -> ScanResult:
+    """The pixel pass, written into the sinks; values clipped to the encoding's range are a warning."""
+    sinks = [s for s in (zarr, cog) if s is not None]
+    try:
+        result = _pixel_pass(ctx.opened, ctx.options, sinks, lambda d, t: ctx.emit("scan", d, t), ctx.plan.chunk,
+                             ctx.shard, valid_mask)
+    except BaseException:
+        if cog is not None:
+            cog.abort()
+        raise
+    if result.clipped is not None and result.clipped.any():
+        enc = ctx.plan.calibration.encoding
+        over = [ctx.plan.bands[i].number for i in np.flatnonzero(result.clipped)]
+        ctx.report.extend([warning(
+            Code.ENCODING_CLIPPED,
+            f"{int(result.clipped.sum())} value(s) outside the {enc.dtype} range were clipped to it "
+            f"(scale_factor {enc.scale_factor:g}); check those bands, or widen the encoding in the profile",
+            bands=over)])
+    return result
+
+
+def _finish_cog(ctx: _BuildContext, staged: Path, cog: CogSink) -> ProductInfo:
+    """Assemble and validate the COG; its product entry."""
+    ctx.emit("cog")
+    info = cog.finish()
+    path = ctx.staged_path(staged, ".tif")
+    return ProductInfo(path=path.name, bytes=path.stat().st_size, blake3=file_blake3(path),
+                       media_type="image/tiff; application=geotiff; profile=cloud-optimized",
+                       validator_warnings=info["warnings"])
+
+
+def _write_scene_labels(ctx: _BuildContext, staged: Path) -> Labels | None:
+    """The scene's label map into the Zarr and as a COG beside it, when it has one."""
+    if ctx.opened.labels is None:
+        return None
+    meta = ctx.meta
+    zarr_path = ctx.staged_path(staged, ".zarr") if ctx.wants("zarr") else None
+    return write_labels(ctx.opened.labels, staged, ctx.scene_id, ctx.plan.chunk, zarr_path, meta.transform,
+                        meta.crs_wkt, ctx.wants("cog"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """What the pixel pass and the source hash found."""
+
+    stats: dict[str, list[Any]]  # physical per-band statistics of the kept bands: count, min, max, mean, std
+    footprint: Footprint | None
+    acquisition: Acquisition
+    prints: list[FileFingerprint]  # the source files (and label file)
+    content_hash: str
+
+
+def _measure(ctx: _BuildContext, result: ScanResult, valid_mask: ValidMask, hasher: _Background) -> _Measured:
+    """Band statistics, footprint and acquisition time of the scene, and the hash of its source files."""
+    cal, meta = ctx.plan.calibration, ctx.meta
+    stats = result.stats.physical(cal.selection.keep, cal.linear)
+    fp = footprint_from_mask(valid_mask, meta.transform, meta.crs_wkt)
+    acq = _acquisition(ctx.inp, meta, ctx.plan.profile, ctx.report)
+    prints: list[FileFingerprint] = hasher.result()
+    return _Measured(stats, Footprint.model_validate(fp.to_dict()) if fp is not None else None,
+                     Acquisition.model_validate(acq.to_dict()), prints, content_hash(prints))
+
+
+def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured) -> ProductInfo:
+    """Add what the pixel pass found to the Zarr and consolidate it; its product entry."""
+    path = ctx.staged_path(staged, ".zarr")
+    finish_zarr(path, {"cubelake:band_stats": json.dumps(json_safe(measured.stats))},
+                {"cubelake:content_hash": measured.content_hash})
+    return ProductInfo(path=path.name, array="data", bytes=_dir_size(path),
+                       media_type="application/vnd+zarr; version=3", tree_blake3=tree_blake3(path))
+
+
+def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, ProductInfo],
+                  labels: Labels | None) -> SceneRecord:
+    """The scene's record (``scene.json``), every key given (absent parts are ``None``, not missing)."""
+    plan, meta, cal = ctx.plan, ctx.meta, ctx.plan.calibration
+    return SceneRecord(
+        scene_id=ctx.scene_id,
+        calibration=Calibration.model_validate(cal.to_dict()),
+        config_hash=ctx.cfg_hash,
+        version=__version__,
+        content_hash=measured.content_hash,
+        format_version=SCENE_RECORD_VERSION,
+        ingested_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        source=_record_source(ctx, measured),
+        profile=ProfileInfo(name=plan.profile.name, origin=plan.profile.origin, settings=plan.profile.config_dict()),
+        settings=BuildSettings.model_validate(ctx.settings),
+        grid=Grid(
+            height=meta.height, width=meta.width, crs_wkt=meta.crs_wkt, crs_epsg=meta.crs_epsg,
+            transform=list(meta.transform) if meta.transform else None, georeferenced=meta.transform is not None,
+            chunk_shape=[cal.n_out, plan.chunk, plan.chunk], shard_chunks=ctx.shard,
+        ),
+        datetime=meta.datetime,
+        acquisition=measured.acquisition,
+        footprint=measured.footprint,
+        tags=meta.tags,
+        bands=_record_bands(plan, measured.stats),
+        encoding=Encoding.model_validate(cal.encoding.to_dict()),
+        products=products,
+        labels=labels,
+        validation=ValidationSummary(ok=True, warnings=[RecordIssue.model_validate(w.to_dict())
+                                                        for w in ctx.report.warnings]),
+    )
+
+
+def _record_source(ctx: _BuildContext, measured: _Measured) -> SourceInfo:
+    meta = ctx.meta
+    return SourceInfo(
+        path=str(ctx.inp.path.resolve()),
+        format=meta.format,
+        files=[SourceFile(path=p.path, size=p.size, mtime_ns=p.mtime_ns, blake3=p.blake3) for p in measured.prints],
+        content_hash=measured.content_hash,
+        shape=list(meta.shape),
+        dtype=meta.dtype,
+        nodata=meta.nodata,
+    )
+
+
+def _record_bands(plan: ScenePlan, stats: dict[str, list[Any]]) -> list[Band]:
+    """The stored bands, in order: source band, name, spectral position and calibrated statistics."""
+    return [
+        Band(index=i, source_band=b.number, name=b.name, wavelength_nm=b.wavelength_nm, fwhm_nm=b.fwhm_nm,
+             count=stats["count"][i], min=stats["min"][i], max=stats["max"][i], mean=stats["mean"][i],
+             std=stats["std"][i])
+        for i, b in enumerate(plan.bands)
+    ]
+
+
+def _write_records(staged: Path, record: SceneRecord, report: ValidationReport) -> None:
+    """The scene's validation report, record and STAC item, into the staging folder."""
+    item = item_from_record(record)
+    atomic_write_text(staged / "validation.json", report.to_json() + "\n")
+    atomic_write_text(staged / SCENE_RECORD_FILE, record.to_json())
+    atomic_write_text(staged / ITEM_FILE, item_json(item))
+
+
+def _ingested(ctx: _BuildContext, record: SceneRecord, target: Path | str, refs_note: str) -> IngestResult:
+    """The result of a published scene: its products (paths in the lake) and a one-line summary."""
+    meta, cal = ctx.meta, ctx.plan.calibration
     return IngestResult(
-        str(inp.path), scene_id, Outcome.INGESTED, report,
-        f"ingested: {' + '.join(products)} ({nb} of {meta.count} bands, {meta.height}x{meta.width}, "
-        f"{cal.encoding.dtype}) -> {target}{refs_note}",
-        products={k: join_url(str(target), v) for k, v in products.items()},
-        seconds=time.perf_counter() - t0,
+        str(ctx.inp.path), ctx.scene_id, Outcome.INGESTED, ctx.report,
+        f"ingested: {' + '.join(record.products)} ({cal.n_out} of {meta.count} bands, "
+        f"{meta.height}x{meta.width}, {cal.encoding.dtype}) -> {target}{refs_note}",
+        products={k: join_url(str(target), v.path) for k, v in record.products.items()},
+        seconds=time.perf_counter() - ctx.t0,
     )
 
 

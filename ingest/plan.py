@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cubelake.cube import CFEncoder, default_fill
+
 from .calibrate import (
     SUPPORTED_DTYPES,
     BandSelection,
     CalibrationPlan,
-    CFEncoder,
     LinearCoder,
     broadcast,
-    default_fill,
 )
 from .profile import SensorProfile
 from .report import Code, Issue, error, warning

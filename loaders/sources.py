@@ -26,6 +26,7 @@ import numpy as np
 
 from cubelake.errors import CubelakeError
 from cubelake.products import scene_product
+from cubelake.record import SCENE_RECORD_FILE, Band, SceneRecord, read_scene_record
 from cubelake.storage import S3Options, is_url, join_url, open_store, parent_url
 
 from .plan import ChunkGrid
@@ -184,20 +185,18 @@ def _v2_decoder(zarray: dict[str, Any], shape: tuple[int, ...]) -> Decoder:
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def _scene_record(folder: Path) -> dict[str, Any] | None:
-    p = folder / "scene.json"
+def _scene_record(folder: Path) -> SceneRecord | None:
+    """The folder's scene record, ``None`` if it has none; an unreadable one raises (naming the file)."""
     try:
-        return dict(json.loads(p.read_text()))
-    except (FileNotFoundError, NotADirectoryError):
+        return read_scene_record(folder / SCENE_RECORD_FILE)
+    except FileNotFoundError:
         return None
 
 
-def _stats_from_bands(bands: Sequence[dict[str, Any]]) -> dict[str, np.ndarray] | None:
-    try:
-        mean = np.array([np.nan if b.get("mean") is None else b["mean"] for b in bands], float)
-        std = np.array([np.nan if b.get("std") is None else b["std"] for b in bands], float)
-    except (TypeError, KeyError):
-        return None
+def _stats_from_bands(bands: Sequence[Band]) -> dict[str, np.ndarray] | None:
+    """Physical per-band mean/std recorded at ingest (NaN where a band has none)."""
+    mean = np.array([np.nan if b.mean is None else b.mean for b in bands], float)
+    std = np.array([np.nan if b.std is None else b.std for b in bands], float)
     return {"mean": mean, "std": std} if mean.size else None
 
 
@@ -235,7 +234,7 @@ def _stored_chunks(grid: ChunkGrid, band_chunks: int, locate: Callable[[int, int
 # -- openers ------------------------------------------------------------------------------------------
 
 
-def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None) -> ChunkSource:
+def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneRecord | None) -> ChunkSource:
     import zarr
     from zarr.codecs import ShardingCodec
 
@@ -261,9 +260,7 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
     fill_v = _fill(fill)
     wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
     fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
-    stats = None
-    if record is not None:
-        stats = _stats_from_bands(record.get("bands") or [])
+    stats = _stats_from_bands(record.bands) if record is not None else None
     if stats is None and "cubelake:band_stats" in attrs:
         bs = json.loads(attrs["cubelake:band_stats"])
         stats = {"mean": np.array([np.nan if v is None else v for v in bs["mean"]], float),
@@ -301,7 +298,7 @@ def _open_zarr(url: str, scene_id: str, options: S3Options | None, record: dict[
                        locate, _v3_decoder(md.codecs, dtype, (cb, ch, cw), url), labels, options, present)
 
 
-def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None,
+def _open_refs(url: str, scene_id: str, options: S3Options | None, record: SceneRecord | None,
                allowed_roots: Sequence[str], kind: str = "refs", labels_path: Path | None = None,
                lake: str | Path | None = None) -> ChunkSource:
     import zarr
@@ -333,7 +330,7 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
     except (ValueError, TypeError, RuntimeError) as e:
         raise ProductError(f"{url}: unreadable attributes or coordinates in the references ({e}); "
                            "re-create them with cubelake") from None
-    stats = _stats_from_bands(record.get("bands") or []) if record else None
+    stats = _stats_from_bands(record.bands) if record is not None else None
     # what the targets hold, not where they are or when they were copied (a moved lake keeps its cache)
     version = "|".join(t.content_key for t in refs.targets)
     grid = ChunkGrid(h, w, ch, cw)
@@ -354,7 +351,7 @@ def _open_refs(url: str, scene_id: str, options: S3Options | None, record: dict[
                        locate, _v2_decoder(zarray, (cb, ch, cw)), labels, options, present)
 
 
-def _open_cog(url: str, scene_id: str, options: S3Options | None, record: dict[str, Any] | None,
+def _open_cog(url: str, scene_id: str, options: S3Options | None, record: SceneRecord | None,
               labels_path: Path | None) -> ChunkSource:
     from cubelake.refs.api import build_refs
     from cubelake.refs.formats import write_refs
@@ -374,9 +371,9 @@ def _scene_dir_source(folder: Path, prefer: Sequence[str], options: S3Options | 
     record = _scene_record(folder)
     if record is None:
         raise ProductError(f"{folder}: no scene.json; give a lake scene folder, a .zarr store, refs or a COG")
-    sid = str(record.get("id") or folder.name)
-    products = record.get("products") or {}
-    labels = folder / f"{sid}.labels.tif"
+    sid = record.scene_id
+    products = record.products
+    labels = folder / (record.labels.cog if record.labels is not None and record.labels.cog else f"{sid}.labels.tif")
     found = scene_product(folder, products, prefer)
     if found is not None:
         kind, p = found[0], str(found[1])
@@ -404,12 +401,12 @@ def _object_scene_source(url: str, prefer: Sequence[str], options: S3Options | N
         raise ProductError(f"{url}: {exc}") from None
     if record is None or location is None:
         raise ProductError(f"{url}: scene {sid} is not published in the lake {root}")
-    products = record.get("products") or {}
+    products = record.products
     for kind in prefer:
         info = products.get(kind)
         if not info:
             continue
-        p = join_url(location, str(info["path"]))
+        p = join_url(location, info.path)
         if kind == "zarr":
             return _open_zarr(p, sid, options, record)
         if kind == "refs":

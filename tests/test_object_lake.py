@@ -23,6 +23,7 @@ from cubelake.catalog.query import Query
 from cubelake.ingest import IngestOptions, Outcome, ingest
 from cubelake.lake import Lake, open_lake
 from cubelake.object_lake import VERSION_KEY, ObjectLake
+from cubelake.record import SceneRecord
 from cubelake.storage import CommitConflict, open_store
 
 from .conftest import REAL, AuthS3, S3Server, no_traceback, run_cli
@@ -76,10 +77,9 @@ def test_every_scene_is_published_once_with_its_products(lakes: Lakes) -> None:
         here, there = lakes.local.scene_record(sid), lakes.remote.scene_record(sid)
         assert there is not None
         assert here is not None
-        assert there["content_hash"] == here["content_hash"]
-        assert {k: v["blake3" if "blake3" in v else "tree_blake3"] for k, v in there["products"].items()
-                if k != "refs"} == {k: v["blake3" if "blake3" in v else "tree_blake3"]
-                                    for k, v in here["products"].items() if k != "refs"}
+        assert there.content_hash == here.content_hash
+        assert {k: v.blake3 or v.tree_blake3 for k, v in there.products.items() if k != "refs"} == \
+            {k: v.blake3 or v.tree_blake3 for k, v in here.products.items() if k != "refs"}
         item = json.loads(lakes.remote.store.get_text(f"scenes/{sid}/item.json"))
         version = item["properties"][VERSION_KEY]
         for asset in item["assets"].values():
@@ -128,7 +128,7 @@ def test_refs_on_the_object_store_point_inside_it(lakes: Lakes) -> None:
     for sid in lakes.local.scene_ids():
         rec = lakes.remote.scene_record(sid)
         assert rec is not None
-        refs_url = f"{lakes.remote.scene_location(sid)}/{rec['products']['refs']['path']}"
+        refs_url = f"{lakes.remote.scene_location(sid)}/{rec.products['refs'].path}"
         arr = open_array(refs_url, storage_options=lakes.server.options)
         local = zarr_data(lakes.local.scene_dir(sid) / f"{sid}.zarr")
         np.testing.assert_array_equal(np.asarray(arr[:]).astype(local.dtype), local)
@@ -287,10 +287,10 @@ def _check_consistent(url: str, server: S3Server, expected: int) -> None:
     assert not list(lake.store.list("catalog/pending"))
 
 
-def _open_zarr(lake: ObjectLake, sid: str, rec: dict[str, Any], server: S3Server) -> Any:
+def _open_zarr(lake: ObjectLake, sid: str, rec: SceneRecord, server: S3Server) -> Any:
     import zarr
 
-    store = open_store(f"{lake.scene_location(sid)}/{rec['products']['zarr']['path']}", server.options)
+    store = open_store(f"{lake.scene_location(sid)}/{rec.products['zarr'].path}", server.options)
     return zarr.open_group(store.zarr_store(), mode="r")["data"][:]
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,12 +96,54 @@ def print_json(obj: Any) -> None:
 
 
 @contextmanager
-def progress_bars(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
-    """A progress callback drawing one bar per scene on stderr, or ``None`` when not a terminal."""
-    console = err_console()
-    if not enabled or STATE.quiet or not console.is_terminal:
-        yield None
+def _interrupts() -> Iterator[Callable[[], None]]:
+    """Ctrl-C that cannot be lost: yields ``check()``, which raises ``KeyboardInterrupt`` once one arrived.
+
+    Python raises ``KeyboardInterrupt`` in whatever code runs when it handles the signal; when
+    that is a finalizer (a ``__del__`` the garbage collector runs), the exception is printed and
+    dropped, and an ingest would go on to publish. The handler also remembers the interrupt, so
+    the next progress event raises it again (and ingest reports progress before publishing).
+    Where Ctrl-C is ignored (a background job) or handled by the caller, nothing changes.
+    """
+    arrived = threading.Event()
+
+    def check() -> None:
+        if arrived.is_set():
+            raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler or threading.current_thread() is not threading.main_thread():
+        yield check
         return
+
+    def handler(signum: int, frame: Any) -> None:
+        arrived.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[Callable[[Any], None]]:
+    """A progress callback drawing one bar per scene on stderr (when it is a terminal).
+
+    Every event first raises a Ctrl-C that arrived and was dropped (see :func:`_interrupts`).
+    """
+    console = err_console()
+    with _interrupts() as check:
+        if not enabled or STATE.quiet or not console.is_terminal:
+            yield lambda ev: check()
+        else:
+            with _bars(console, check) as on_event:
+                yield on_event
+
+
+@contextmanager
+def _bars(console: Console, check: Callable[[], None]) -> Iterator[Callable[[Any], None]]:
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,
@@ -107,6 +151,7 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
         tasks: dict[str, Any] = {}
 
         def on_event(ev: Any) -> None:
+            check()
             if ev.path not in tasks:
                 tasks[ev.path] = bars.add_task(show(ev.path.rsplit("/", 1)[-1]), total=None)
             task = tasks[ev.path]

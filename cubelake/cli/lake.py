@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import typer
 
 from cubelake.errors import CubelakeError
 from cubelake.lake import AnyLake, open_lake
+from cubelake.record import SceneRecord
 
 from ._render import (
     QUIET,
@@ -34,22 +36,30 @@ def _open(lake: str) -> AnyLake:
         raise typer.BadParameter(str(exc), param_hint="--lake") from exc
 
 
-def _scene_rows(lk: AnyLake) -> list[dict[str, object]]:
-    scenes = []
+def _scene_rows(lk: AnyLake) -> list[dict[str, Any]]:
+    rows = []
     for sid in lk.scene_ids():
         rec = lk.scene_record(sid)
-        if rec is None:
+        if rec is None and not lk.is_local:
             continue  # an object-store folder with no commit (an upload gc will remove)
-        scenes.append({
-            "id": sid,
-            "bands": len(rec.get("bands", [])),
-            "shape": [rec.get("grid", {}).get("height"), rec.get("grid", {}).get("width")],
-            "dtype": rec.get("encoding", {}).get("dtype"),
-            "profile": rec.get("profile", {}).get("name"),
-            "products": {k: v.get("path") for k, v in rec.get("products", {}).items()},
-            "warnings": len(rec.get("validation", {}).get("warnings", [])),
-        })
-    return scenes
+        rows.append(_scene_row(sid, rec))
+    return rows
+
+
+def _scene_row(sid: str, rec: SceneRecord | None) -> dict[str, Any]:
+    """What ``cubelake lake`` shows of a scene (an unreadable record shows as empty)."""
+    if rec is None:
+        return {"id": sid, "bands": 0, "shape": [None, None], "dtype": None, "profile": None, "products": {},
+                "warnings": 0}
+    return {
+        "id": sid,
+        "bands": rec.band_count,
+        "shape": [rec.grid.height, rec.grid.width],
+        "dtype": rec.encoding.dtype,
+        "profile": rec.profile.name,
+        "products": {k: v.path for k, v in rec.products.items()},
+        "warnings": len(rec.validation.warnings),
+    }
 
 
 @lake_app.callback()
@@ -79,9 +89,9 @@ def lake_cmd(
     out = out_console()
     out.print(f"lake {show(lk.url)}: {len(scenes)} scene(s), {len(rejected)} rejected input(s)")
     for s in scenes:
-        prods = ", ".join(f"{k}={v}" for k, v in s["products"].items())  # type: ignore[attr-defined]
+        prods = ", ".join(f"{k}={v}" for k, v in s["products"].items())
         shape = s["shape"]
-        out.print(f"  {show(str(s['id']))}: {s['bands']} bands {shape[0]}x{shape[1]} {s['dtype']} "  # type: ignore[index]
+        out.print(f"  {show(str(s['id']))}: {s['bands']} bands {shape[0]}x{shape[1]} {s['dtype']} "
                   f"{show('[' + str(s['profile']) + ']')} {show(prods)}"
                   + (f" ({s['warnings']} warning(s))" if s["warnings"] else ""))
     for r in rejected:

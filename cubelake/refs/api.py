@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from cubelake.cube import CFEncoder, CubeSpec
 from cubelake.errors import CubelakeError, NotReferenceableError, RefsError
 from cubelake.storage import S3Options, object_at
 
@@ -147,9 +148,9 @@ def build_refs(url: str, *, chunk: int | None = None, storage_options: S3Options
     the tile table from the TIFF header. Raises :class:`NotReferenceableError` naming what
     prevents referencing (striped, unsupported compression, irregular tiles ...).
     """
-    from cubelake.ingest.calibrate import CFEncoder
+    # the source's metadata as the ingest reads it (the one use of the ingest in this package:
+    # building references from a source file; reading and opening references never imports it)
     from cubelake.ingest.sources.gdal import open_gdal
-    from cubelake.ingest.zarr_writer import CubeSpec
 
     layout = tiff_layout(url, storage_options)
     target = stat_target(url, storage_options)

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cubelake.cube import CubeSpec, dataset_template
 from cubelake.errors import NotReferenceableError
 
 from .layout import TiffLayout
 from .model import RefSet, Target
-
-if TYPE_CHECKING:
-    from cubelake.ingest.zarr_writer import CubeSpec
 
 __all__ = ["reference_tiff", "template_refs"]
 
@@ -28,9 +26,6 @@ __all__ = ["reference_tiff", "template_refs"]
 def template_refs(spec: CubeSpec, chunks: tuple[int, int, int]) -> RefSet:
     """Metadata and coordinate keys of a cube (no ``data`` chunks), as Zarr v2."""
     from zarr.storage import MemoryStore
-
-    # imported here: cubelake.ingest imports this package (the codec loads without the ingest)
-    from cubelake.ingest.zarr_writer import dataset_template
 
     ds, enc = dataset_template(spec, chunks)
     written: dict[str, Any] = {}

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cubelake.ingest.calibrate import BandSelection, CalibrationPlan, CFEncoder, LinearCoder
+from cubelake.cube import CFEncoder
+from cubelake.ingest.calibrate import BandSelection, CalibrationPlan, LinearCoder
 
 
 def plan(dtype: str, n_source: int, keep: tuple[int, ...], nodata: float | None) -> CalibrationPlan:

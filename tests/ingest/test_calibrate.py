@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cubelake.ingest.calibrate import BandSelection, CalibrationPlan, CFEncoder, LinearCoder
+from cubelake.cube import CFEncoder
+from cubelake.ingest.calibrate import BandSelection, CalibrationPlan, LinearCoder
 from cubelake.ingest.plan import build_plan, effective_chunk
 from cubelake.ingest.profile import BadBands, Calibration, Encoding, SensorProfile, Spectral
 from cubelake.ingest.report import Code
