@@ -10,6 +10,7 @@ import typer
 from cubelake.errors import CubelakeError
 from cubelake.lake import AnyLake, open_lake
 from cubelake.record import SceneRecord
+from cubelake.storage import StorageError
 
 from ._render import (
     QUIET,
@@ -81,8 +82,8 @@ def lake_cmd(
                 continue
             rejected.append({"id": rid, "source": (rec.get("source") or {}).get("path"),
                              "errors": [e.get("code") for e in (rec.get("report") or {}).get("errors", [])]})
-    except CubelakeError as exc:
-        raise fail(exc, 2) from None
+    except CubelakeError as exc:  # the store failing is like a bad --lake (2); a record a newer cubelake wrote: 1
+        raise fail(exc, 2 if isinstance(exc, StorageError) else 1) from None
     if fmt is OutputFormat.json:
         print_json({"lake": lk.url, "scenes": scenes, "rejected": rejected})
         return
