@@ -88,12 +88,16 @@ class ObjectLakeCatalog(LakeCatalog):
         return ptr, etag
 
     def _snapshot(self, key: str) -> Path:
-        """The local copy of an immutable snapshot, downloaded once."""
+        """The local copy of an immutable snapshot, downloaded once; older cached snapshots are removed."""
         local = self.cache / Path(key).name
         if not local.is_file():
             self.cache.mkdir(parents=True, exist_ok=True)
             n = self.store.download(key, local)
             log.info("%s: downloaded the catalog index %s (%d bytes)", self.root, key, n)
+            for old in self.cache.glob("*.sqlite"):
+                if old.name not in (local.name, "empty.sqlite") and old.name < local.name:
+                    # an older generation (names sort by generation); a reader holding it open keeps its copy
+                    old.unlink(missing_ok=True)
         return local
 
     @property

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -292,11 +293,12 @@ class ObjectLake:
         return self.store.url_of(prefix)
 
     def _upload(self, staged: Path, prefix: str) -> None:
-        """Every file of the staged scene but its item, streamed (multipart for large ones)."""
-        for path in sorted(p for p in staged.rglob("*") if p.is_file()):
-            rel = path.relative_to(staged).as_posix()
-            if rel != ITEM:
-                self.store.put(f"{prefix}/{rel}", path)
+        """Every file of the staged scene but its item, streamed (multipart for large ones), 8 at a time:
+        a Zarr store is hundreds of small chunk objects, and one at a time each costs a round trip."""
+        files = [(p, p.relative_to(staged).as_posix()) for p in sorted(staged.rglob("*")) if p.is_file()]
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="cubelake-upload") as pool:
+            for done in [pool.submit(self.store.put, f"{prefix}/{rel}", path) for path, rel in files if rel != ITEM]:
+                done.result()
 
     def rejected_record(self, scene_id: str) -> dict[str, Any] | None:
         return self.read_json(self.rejected_key(scene_id))
