@@ -450,3 +450,25 @@ def test_copy_between_two_object_lakes_and_gc_keeps_published(lakes: Lakes, tmp_
                                       zarr_data(lakes.local.scene_dir(sid) / f"{sid}.zarr"))
     assert not [line for line in mirror.gc(dt.timedelta(0)) if "unreferenced" in line]
     assert all(mirror.scene_location(s) for s in mirror.scene_ids())  # gc never removes a published version
+
+
+def test_cli_show_reindex_and_refs_check_on_the_object_lake(lakes: Lakes, tmp_path: Path) -> None:
+    env = s3_env(lakes.server, tmp_path / "cache")
+    show = run_cli("catalog", "show", "samson_1", "--lake", lakes.url, env=env)
+    assert show.returncode == 0, show.stderr
+    item = json.loads(show.stdout)
+    assert item["id"] == "samson_1"
+    assert item["properties"][VERSION_KEY] == lakes.remote.scene_version("samson_1")
+    before = json.loads(lakes.remote.store.get_text("catalog/index.json"))
+    reindex = run_cli("catalog", "reindex", "--lake", lakes.url, env=env)
+    assert reindex.returncode == 0, reindex.stderr
+    assert f"indexed {len(lakes.local.scene_ids())} item(s)" in reindex.stdout
+    after = json.loads(lakes.remote.store.get_text("catalog/index.json"))
+    assert after["generation"] == before["generation"] + 1
+    assert after["items"] == before["items"]
+    rec = lakes.remote.scene_record("samson_1")
+    assert rec is not None
+    refs = f"{lakes.remote.scene_location('samson_1')}/{rec.products['refs'].path}"
+    check = run_cli("refs", "check", refs, "--lake", lakes.url, env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.startswith(f"ok: {refs}")
