@@ -78,6 +78,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
+from common import lo_rx  # noqa: E402
 from synth import ensure_scene as ensure_synth_scene  # noqa: E402
 
 CHUNK = 256
@@ -103,13 +104,6 @@ def rchar_overhead() -> int:
     return min(-rchar() + rchar() for _ in range(5))
 
 
-def lo_rx() -> int:
-    """Bytes received on the loopback interface (all processes; only the measured run uses it)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            return int(rest.split()[0])
-    return 0
 
 
 # -- the lake -------------------------------------------------------------------------------------

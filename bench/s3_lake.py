@@ -64,7 +64,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
-from common import can_drop_caches  # noqa: E402
+from common import can_drop_caches, lo_rx  # noqa: E402
 from ingest_throughput import (  # noqa: E402
     busy_cpu_seconds,
     ensure_scene,
@@ -585,12 +585,6 @@ def loader_scenes(a: argparse.Namespace) -> list[Path]:
     return out
 
 
-def lo_rx() -> int:
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            return int(rest.split()[0])
-    return 0
 
 
 def run_epoch(hits: list[Any], lake: str, prefer: str, mode: str, count: int, seed: int,
