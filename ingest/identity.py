@@ -34,10 +34,12 @@ class FileFingerprint:
     path: str
     size: int
     mtime_ns: int
-    blake3: str
+    blake3: str | None
+    etag: str | None = None  # an object-store source: its ETag identifies the content (hashing it means reading it all)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "blake3": self.blake3}
+        out = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "blake3": self.blake3}
+        return out | ({"etag": self.etag} if self.etag is not None else {})
 
 
 def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> list[FileFingerprint]:
@@ -47,6 +49,9 @@ def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> 
         known = {f.path: f for f in previous.source.files}
     out = []
     for f in files:
+        if str(f).startswith("/vsis3/"):
+            out.append(_remote_fingerprint(str(f)))
+            continue
         p = Path(f).resolve()
         st = p.stat()
         old = known.get(str(p))
@@ -58,11 +63,20 @@ def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> 
     return out
 
 
+def _remote_fingerprint(vsi_path: str) -> FileFingerprint:
+    from cubelake.storage import object_at
+
+    url = "s3://" + vsi_path.removeprefix("/vsis3/")
+    store, key = object_at(url)
+    head = store.head(key)
+    return FileFingerprint(url, head.size, 0, None, head.etag or f"size-{head.size}")
+
+
 def content_hash(prints: list[FileFingerprint]) -> str:
-    """One hash for the scene's bytes, independent of where the files are."""
+    """One hash for the scene's bytes, independent of where the files are (objects: their ETag and size)."""
     h = hashlib.sha256()
     for fp in prints:
-        h.update(fp.blake3.encode())
+        h.update((fp.blake3 or f"etag:{fp.etag}:{fp.size}").encode())
     return h.hexdigest()
 
 
@@ -91,7 +105,7 @@ def _base_name(inp: SceneInput, tags: dict[str, str] | None) -> str:
 def scene_id_for(lake: AnyLake, inp: SceneInput, tags: dict[str, str] | None = None) -> str:
     """A safe, stable id; another source already owning the name gets a path-hash suffix."""
     base = safe_scene_id(_base_name(inp, tags))
-    source = str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path)
+    source = inp.url or (str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path))
     for cand in (base, f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"):
         rec = lake.scene_record(cand)
         if rec is None:

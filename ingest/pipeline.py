@@ -91,6 +91,7 @@ from .sources import (
     discover,
     open_source,
 )
+from .sources.remote import remote_env
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
@@ -214,7 +215,7 @@ class _Opened:
 
 def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
     """Open a scene and run every check that needs no pixel pass."""
-    report = ValidationReport(path=str(inp.path))
+    report = ValidationReport(path=inp.name)
     try:
         source = open_source(inp, _source_options(options))
     except CubelakeError as exc:
@@ -241,7 +242,7 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
         return _Opened(source, report)
     report.extend(check_georeferencing(meta))
     if meta.format in ("GTiff", "COG") and inp.kind is SceneKind.GDAL:
-        report.extend(inspect_tiff(meta.path, meta.dtype))
+        report.extend(inspect_tiff(meta.path, meta.dtype, url=inp.url))
     profile = options.profile or match_profile(meta) or SensorProfile()
     plan, issues = build_plan(meta, profile, chunk=options.chunk)
     report.extend(issues)
@@ -299,11 +300,16 @@ def validate_scene(inp: SceneInput | str | Path, options: IngestOptions | None =
         if len(found) != 1:
             raise CubelakeError(f"{inp}: expected one scene, found {len(found)}; pass a single scene path")
         inp = found[0]
+    with remote_env(inp):
+        return _validate_scene(inp, options, progress)
+
+
+def _validate_scene(inp: SceneInput, options: IngestOptions, progress: ProgressCallback | None) -> ValidationReport:
     opened = _open_and_check(inp, options)
     try:
         if opened.source is not None and not any(i.code in _NO_PIXEL_PASS for i in opened.report.errors):
             chunk = opened.plan.chunk if opened.plan else options.chunk or 256
-            cb = (lambda d, t: progress(ProgressEvent(str(inp.path), "scan", d, t))) if progress else None
+            cb = (lambda d, t: progress(ProgressEvent(inp.name, "scan", d, t))) if progress else None
             _pixel_pass(opened, options, (), cb, chunk, None)
     finally:
         if opened.source is not None:
@@ -359,7 +365,7 @@ def _reject(lake: AnyLake, scene_id: str, inp: SceneInput, report: ValidationRep
             kept_previous: bool) -> IngestResult:
     record = {
         "scene_id": scene_id,
-        "source": {"path": str(inp.path.resolve()) if inp.path.exists() else str(inp.path)},
+        "source": {"path": inp.url or (str(inp.path.resolve()) if inp.path.exists() else str(inp.path))},
         "rejected_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cubelake_version": __version__,
         "report": report.to_dict(),
@@ -367,7 +373,7 @@ def _reject(lake: AnyLake, scene_id: str, inp: SceneInput, report: ValidationRep
     path = lake.record_rejection(scene_id, record)
     note = " (the previously ingested version is kept)" if kept_previous else ""
     n = len(report.errors)
-    return IngestResult(str(inp.path), scene_id, Outcome.REJECTED, report,
+    return IngestResult(inp.name, scene_id, Outcome.REJECTED, report,
                         f"rejected{note}: {n} error{'s' if n != 1 else ''}, listed in the report {path}",
                         seconds=time.perf_counter() - t0)
 
@@ -381,12 +387,17 @@ def _dir_size(path: Path) -> int:
 def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
                  progress: ProgressCallback | None = None) -> IngestResult:
     """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
-    options = options or IngestOptions()
+    with remote_env(inp):
+        return _ingest_scene(inp, lake, options or IngestOptions(), progress)
+
+
+def _ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions,
+                  progress: ProgressCallback | None) -> IngestResult:
     t0 = time.perf_counter()
 
     def emit(stage: str, done: int = 0, total: int = 0) -> None:
         if progress:
-            progress(ProgressEvent(str(inp.path), stage, done, total))
+            progress(ProgressEvent(inp.name, stage, done, total))
 
     emit("open")
     opened = _open_and_check(inp, options)
@@ -479,7 +490,7 @@ def _build_or_skip(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opene
     ):
         emit("done")
         return IngestResult(
-            str(inp.path), scene_id, Outcome.UNCHANGED, opened.report,
+            inp.name, scene_id, Outcome.UNCHANGED, opened.report,
             f"unchanged (content {c_hash[:12]}, config {cfg_hash[:12]}): nothing to do",
             products={k: join_url(lake.scene_location(scene_id) or "", v.path) for k, v in previous.products.items()},
             seconds=time.perf_counter() - t0,
@@ -557,6 +568,8 @@ def _refs_plan(opened: _Opened, options: IngestOptions, local_lake: bool = True)
     meta = opened.source.meta
     if not local_lake:
         return _RefsPlan(False, "the lake is on an object store: its references point inside it, at its own COG")
+    if str(meta.files[0]).startswith("/vsis3/"):
+        return _RefsPlan(False, "the source is on an object store: the lake's references point at its own COG")
     if meta.format != "GTiff" or len(meta.files) != 1:
         return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
     try:
@@ -835,9 +848,9 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
 def _record_source(ctx: _BuildContext, measured: _Measured) -> SourceInfo:
     meta = ctx.meta
     return SourceInfo(
-        path=str(ctx.inp.path.resolve()),
+        path=ctx.inp.url or str(ctx.inp.path.resolve()),
         format=meta.format,
-        files=[SourceFile(path=p.path, size=p.size, mtime_ns=p.mtime_ns, blake3=p.blake3) for p in measured.prints],
+        files=[SourceFile.model_validate(p.to_dict()) for p in measured.prints],
         content_hash=measured.content_hash,
         shape=list(meta.shape),
         dtype=meta.dtype,
@@ -867,7 +880,7 @@ def _ingested(ctx: _BuildContext, record: SceneRecord, target: Path | str, refs_
     """The result of a published scene: its products (paths in the lake) and a one-line summary."""
     meta, cal = ctx.meta, ctx.plan.calibration
     return IngestResult(
-        str(ctx.inp.path), ctx.scene_id, Outcome.INGESTED, ctx.report,
+        ctx.inp.name, ctx.scene_id, Outcome.INGESTED, ctx.report,
         f"ingested: {' + '.join(record.products)} ({cal.n_out} of {meta.count} bands, "
         f"{meta.height}x{meta.width}, {cal.encoding.dtype}) -> {target}{refs_note}",
         products={k: join_url(str(target), v.path) for k, v in record.products.items()},
@@ -935,5 +948,5 @@ def _ingest_one(scene: SceneInput, lake: AnyLake, options: IngestOptions | None,
                        "Run again with -vv for the details; if the input opens in GDAL, please report this as a "
                        "cubelake bug")
         log.info("%s: %s", scene.path, message)  # the result carries it; the CLI prints it once
-        return IngestResult(str(scene.path), None, Outcome.FAILED, ValidationReport(path=str(scene.path)), message,
+        return IngestResult(scene.name, None, Outcome.FAILED, ValidationReport(path=scene.name), message,
                             seconds=time.perf_counter() - t0)

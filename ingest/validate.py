@@ -6,11 +6,13 @@ scan (:mod:`.scan`) and are turned into issues by :func:`stats_issues`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tifffile
@@ -132,7 +134,15 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _read_tiff_header(p: Path) -> _TiffHeader | None:
+def _remote_reader(url: str, stack: contextlib.ExitStack) -> tuple[int, Any]:
+    """Size and a range-reading file of an object-store TIFF (tifffile reads only the header's ranges)."""
+    from cubelake.storage import object_at
+
+    store, key = object_at(url)
+    return store.head(key).size, stack.enter_context(store.open_reader(key, buffer_size=256 * 1024))
+
+
+def _read_tiff_header(p: Path, url: str | None = None) -> _TiffHeader | None:
     """The first image's block table and layout; ``None`` if tifffile cannot parse it (GDAL has the last word).
 
     tifffile reports tags it had to drop (a value offset past the end of the file) only through
@@ -144,14 +154,16 @@ def _read_tiff_header(p: Path) -> _TiffHeader | None:
     tlog.addHandler(handler)
     tlog.propagate, propagate = False, tlog.propagate
     try:
-        with tifffile.TiffFile(p) as tif:
+        with contextlib.ExitStack() as stack:
+            size, fh = (p.stat().st_size, None) if url is None else _remote_reader(url, stack)
+            tif = stack.enter_context(tifffile.TiffFile(fh if fh is not None else p))
             page = tif.pages.first
             tiled = bool(page.is_tiled)
             h, w = int(page.imagelength), int(page.imagewidth)
             block = ((int(page.tilelength), int(page.tilewidth)) if tiled
                      else (int(page.rowsperstrip or h) or h, w))
             return _TiffHeader(
-                size=p.stat().st_size,
+                size=size,
                 offsets=np.asarray(page.dataoffsets, dtype=np.uint64),
                 counts=np.asarray(page.databytecounts, dtype=np.uint64),
                 shape=(h, w), block=block, tiled=tiled,
@@ -178,13 +190,13 @@ def _lost_tags(messages: list[str]) -> tuple[str, ...]:
     return tuple(f"{c} ({tifffile.TIFF.TAGS.get(c, 'unknown')})" for c in codes)
 
 
-def inspect_tiff(path: str, gdal_dtype: str | None = None) -> list[Issue]:
+def inspect_tiff(path: str, gdal_dtype: str | None = None, url: str | None = None) -> list[Issue]:
     """Header checks of a TIFF: truncation (blocks or tag values past the end), corrupt block tables,
     tile sizes and sample formats the TIFF specification does not allow, absent blocks.
 
     ``gdal_dtype``: the type GDAL reads; a complex one is reported by the plan, not here again.
     """
-    header = _read_tiff_header(Path(path))
+    header = _read_tiff_header(Path(path), url)
     if header is None:
         return []
     issues = _layout_issues(header, gdal_dtype)

@@ -472,3 +472,59 @@ def test_cli_show_reindex_and_refs_check_on_the_object_lake(lakes: Lakes, tmp_pa
     check = run_cli("refs", "check", refs, "--lake", lakes.url, env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.startswith(f"ok: {refs}")
+
+
+# -- sources on an object store -------------------------------------------------------------------
+
+
+def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: str, tmp_path: Path) -> None:
+    """``cubelake ingest s3://…/`` reads GeoTIFFs by range requests; other formats are refused by name."""
+    client = lakes.server.client()
+    tiles = sorted((REAL / "hsi_enmap_potsdam").glob("enmap_potsdam_tile_*.tif"))
+    for f in tiles:
+        client.upload_file(str(f), s3_bucket, f"archive/{f.name}")
+    client.upload_file(str(REAL / "bad_inputs" / "rasterio" / "corrupt.tif"), s3_bucket, "archive/corrupt.tif")
+    client.upload_file(str(REAL / "hsi_samson" / "samson_1.mat"), s3_bucket, "archive/samson_1.mat")
+    client.put_object(Bucket=s3_bucket, Key="archive/notes.txt", Body=b"sidecar text")
+    env = s3_env(lakes.server, tmp_path / "cache")
+    lake = tmp_path / "from-s3"
+    res = run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr,refs", f"s3://{s3_bucket}/archive/", env=env)
+    out = " ".join(no_traceback(res).split())
+    assert res.returncode == 1, out  # the corrupt TIFF and the MAT file are reported, the tiles ingested
+    assert "4 ingested" in out
+    assert f"s3://{s3_bucket}/archive/samson_1.mat: only GeoTIFF scenes are read from object stores" in out
+    assert "corrupt.tif" in out
+    assert "notes.txt" not in out  # a sidecar in a listed prefix is skipped, as in a local folder
+    got = Lake(lake, create=False)
+    assert got.scene_ids() == [f.stem for f in tiles]
+    for f in tiles:
+        rec = got.scene_record(f.stem)
+        assert rec is not None
+        assert rec.source.path == f"s3://{s3_bucket}/archive/{f.name}"
+        assert rec.source.files[0].model_dump()["etag"]
+        np.testing.assert_array_equal(zarr_data(got.scene_dir(f.stem) / f"{f.stem}.zarr"),
+                                      zarr_data(lakes.local.scene_dir(f.stem) / f"{f.stem}.zarr"))
+    again = run_cli("ingest", "--lake", str(lake), f"s3://{s3_bucket}/archive/{tiles[0].name}", env=env)
+    assert again.returncode == 0
+    assert "unchanged" in again.stdout
+    client.upload_file(str(tiles[1]), s3_bucket, f"archive/{tiles[0].name}")  # new content under the same key
+    changed = run_cli("ingest", "--lake", str(lake), f"s3://{s3_bucket}/archive/{tiles[0].name}", env=env)
+    assert changed.returncode == 0
+    assert "ingested" in changed.stdout
+    missing = run_cli("ingest", "--lake", str(lake), f"s3://{s3_bucket}/nothing/here.tif", env=env)
+    assert missing.returncode == 1
+    assert f"s3://{s3_bucket}/nothing/here.tif: no such object" in " ".join(missing.stdout.split())
+
+
+def test_s3_source_into_s3_lake(lakes: Lakes, s3_bucket: str, tmp_path: Path) -> None:
+    client = lakes.server.client()
+    tile = REAL / "hsi_enmap_potsdam" / "enmap_potsdam_tile_96_0.tif"
+    client.upload_file(str(tile), s3_bucket, "in/tile.tif")
+    url = f"s3://{s3_bucket}/lake"
+    res = run_cli("ingest", "--lake", url, f"s3://{s3_bucket}/in/tile.tif", env=s3_env(lakes.server, tmp_path / "c"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lake = ObjectLake(url, options=lakes.server.options)
+    rec = lake.scene_record("tile")
+    assert rec is not None
+    np.testing.assert_array_equal(np.asarray(_open_zarr(lake, "tile", rec, lakes.server)),
+                                  zarr_data(lakes.local.scene_dir(tile.stem) / f"{tile.stem}.zarr"))

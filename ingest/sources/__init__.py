@@ -81,6 +81,12 @@ class SceneInput:
     labels: Path | None = None
     data: Path | None = None  # ENVI data file, when found
     problem: str | None = None  # why a MISSING/SPECIAL path is no scene
+    url: str | None = None  # an object-store source (``path`` is then GDAL's /vsis3/ name for it)
+
+    @property
+    def name(self) -> str:
+        """What messages and records call the input: its URL, or its path."""
+        return self.url or str(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +221,15 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None,
     other lakes are not walked into. A path that cannot be a scene (missing, a FIFO, a device,
     an empty folder, a name that is not UTF-8) is returned with its ``problem``, never opened.
     """
+    from cubelake.storage import is_url
+
+    remote = [str(p) for p in paths if is_url(str(p))]
+    if remote:
+        from .remote import discover_remote
+
+        local = discover([p for p in paths if not is_url(str(p))], labels=labels, skip=skip) \
+            if len(remote) < len(paths) else []
+        return local + [s for url in remote for s in discover_remote(url)]
     entries = _expand((Path(p) for p in paths), [Path(r).resolve() for r in skip])
     files = [e for e in entries if isinstance(e, tuple)]
     problems = {f: _path_problem(f) for f, _ in files}
@@ -270,8 +285,8 @@ def _consumed(files: list[tuple[Path, bool]], kinds: dict[Path, SceneKind], labe
     return consumed
 
 
-def _sniff(path: Path) -> None:
-    head = _magic(path)
+def _sniff(path: Path, head: bytes | None = None) -> None:
+    head = _magic(path) if head is None else head
     suffix = path.suffix.lower()
     if head[:4] == b"\x0e\x03\x13\x01":
         raise UnsupportedFormatError(
@@ -310,5 +325,13 @@ def open_source(inp: SceneInput, options: SourceOptions | None = None) -> Raster
             labels_variable=options.labels_variable,
             max_bytes=options.max_bytes,
         )
-    _sniff(inp.path)
+    _sniff(inp.path, _remote_magic(inp.url) if inp.url else None)
     return open_gdal(inp.path)
+
+
+def _remote_magic(url: str, n: int = 16) -> bytes:
+    from cubelake.storage import object_at
+
+    store, key = object_at(url)
+    size = store.head(key).size
+    return bytes(store.get_ranges(key, [0], [min(n, size)])[0]) if size else b""

@@ -1,0 +1,86 @@
+"""Scenes on an object store (``s3://bucket/key`` or a prefix of them), read without downloading them.
+
+GeoTIFFs are read by GDAL through ``/vsis3/`` with HTTP range requests: the header, then the
+blocks the scan asks for, so memory stays that of a local ingest whatever the scene's size.
+Their identity is the object's ETag and size (hashing a multi-GB object would mean reading it
+all). Other formats are refused with what to do (download the scene and ingest the copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cubelake.storage import ObjectNotFound, S3Options, Store, object_at, open_store, split_url
+
+from . import SceneInput, SceneKind
+
+__all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_env", "remote_head"]
+
+REMOTE_TIFF = (".tif", ".tiff")
+_SIDECARS = (".aux.xml", ".ovr", ".txt", ".md", ".json", ".xml", ".html", ".pdf", ".png", ".jpg", ".prj")
+_MAX_OBJECTS = 100_000  # a prefix listing this long is not a folder of scenes
+
+
+def gdal_path(url: str) -> Path:
+    """GDAL's name for an object: ``/vsis3/bucket/key``."""
+    scheme, where = split_url(url)
+    if scheme != "s3":
+        raise ValueError(f"{url}: only s3:// sources can be read from an object store")
+    return Path(f"/vsis3/{where}")
+
+
+def _scene(url: str, explicit: bool) -> SceneInput | None:
+    name = PurePosixPath(url).name.lower()
+    if name.endswith(REMOTE_TIFF):
+        return SceneInput(path=gdal_path(url), kind=SceneKind.GDAL, url=url)
+    if not explicit and name.endswith(_SIDECARS):
+        return None
+    return SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
+                      problem=f"{url}: only GeoTIFF scenes are read from object stores so far (by range requests); "
+                              "download this one and ingest the local copy")
+
+
+def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInput]:
+    """The scenes at ``url``: one object, or every object below it as a prefix (in key order)."""
+    scheme, _ = split_url(url)
+    if scheme != "s3":
+        return [SceneInput(path=Path(url), kind=SceneKind.SPECIAL, url=url,
+                           problem=f"{url}: only s3:// sources can be read from an object store")]
+    store, key = object_at(url.rstrip("/"), options)
+    with contextlib.suppress(ObjectNotFound):
+        store.head(key)
+        return [s for s in [_scene(url, True)] if s is not None]
+    prefix = open_store(url.rstrip("/"), options)
+    out: list[SceneInput] = []
+    for n, obj in enumerate(prefix.list()):
+        if n >= _MAX_OBJECTS:
+            out.append(SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
+                                  problem=f"{url}: more than {_MAX_OBJECTS} objects below this prefix; name a "
+                                          "narrower prefix"))
+            break
+        scene = _scene(prefix.url_of(obj.key), False)
+        if scene is not None:
+            out.append(scene)
+    if not out:
+        return [SceneInput(path=gdal_path(url), kind=SceneKind.MISSING, url=url,
+                           problem=f"{url}: no such object, and no scene below it as a prefix; check the URL")]
+    return out
+
+
+def remote_head(url: str, options: S3Options | None = None) -> tuple[Store, str, Any]:
+    """The store, key and ``head`` of a source object."""
+    store, key = object_at(url, options)
+    return store, key, store.head(key)
+
+
+@contextlib.contextmanager
+def remote_env(inp: SceneInput, options: S3Options | None = None) -> Iterator[None]:
+    """GDAL's S3 settings (from the ``AWS_*`` variables or ``options``) while a remote scene is read."""
+    if inp.url is None:
+        yield
+        return
+    with S3Options.coerce(options).gdal_env():
+        yield
