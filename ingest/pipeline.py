@@ -91,7 +91,7 @@ from .sources import (
     discover,
     open_source,
 )
-from .sources.remote import remote_env
+from .sources.remote import remote_input
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
@@ -300,8 +300,8 @@ def validate_scene(inp: SceneInput | str | Path, options: IngestOptions | None =
         if len(found) != 1:
             raise CubelakeError(f"{inp}: expected one scene, found {len(found)}; pass a single scene path")
         inp = found[0]
-    with remote_env(inp):
-        return _validate_scene(inp, options, progress)
+    with remote_input(inp) as ready:
+        return _validate_scene(ready, options, progress)
 
 
 def _validate_scene(inp: SceneInput, options: IngestOptions, progress: ProgressCallback | None) -> ValidationReport:
@@ -387,8 +387,11 @@ def _dir_size(path: Path) -> int:
 def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
                  progress: ProgressCallback | None = None) -> IngestResult:
     """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
-    with remote_env(inp):
-        return _ingest_scene(inp, lake, options or IngestOptions(), progress)
+    try:
+        with remote_input(inp) as ready:
+            return _ingest_scene(ready, lake, options or IngestOptions(), progress)
+    except CubelakeError as exc:  # the object could not be fetched: this scene fails, the others go on
+        return IngestResult(inp.name, None, Outcome.FAILED, ValidationReport(path=inp.name), f"failed: {exc}")
 
 
 def _ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions,
@@ -845,12 +848,19 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
     )
 
 
+def _source_file(inp: SceneInput, entry: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint as the record keeps it: a source fetched from an object store is named by its URL."""
+    if inp.url is not None and entry["path"] == str(inp.path.resolve()):
+        return {**entry, "path": inp.url}
+    return entry
+
+
 def _record_source(ctx: _BuildContext, measured: _Measured) -> SourceInfo:
     meta = ctx.meta
     return SourceInfo(
         path=ctx.inp.url or str(ctx.inp.path.resolve()),
         format=meta.format,
-        files=[SourceFile.model_validate(p.to_dict()) for p in measured.prints],
+        files=[SourceFile.model_validate(_source_file(ctx.inp, p.to_dict())) for p in measured.prints],
         content_hash=measured.content_hash,
         shape=list(meta.shape),
         dtype=meta.dtype,

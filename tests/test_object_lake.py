@@ -486,17 +486,25 @@ def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: 
     client.upload_file(str(REAL / "bad_inputs" / "rasterio" / "corrupt.tif"), s3_bucket, "archive/corrupt.tif")
     client.upload_file(str(REAL / "hsi_samson" / "samson_1.mat"), s3_bucket, "archive/samson_1.mat")
     client.put_object(Bucket=s3_bucket, Key="archive/notes.txt", Body=b"sidecar text")
-    env = s3_env(lakes.server, tmp_path / "cache")
+    client.put_object(Bucket=s3_bucket, Key="archive/cube.img", Body=b"\0" * 4096)
+    env = s3_env(lakes.server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
     lake = tmp_path / "from-s3"
     res = run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr,refs", f"s3://{s3_bucket}/archive/", env=env)
     out = " ".join(no_traceback(res).split())
-    assert res.returncode == 1, out  # the corrupt TIFF and the MAT file are reported, the tiles ingested
-    assert "4 ingested" in out
-    assert f"s3://{s3_bucket}/archive/samson_1.mat: only GeoTIFF scenes are read from object stores" in out
+    assert res.returncode == 1, out  # the corrupt TIFF and the raw .img are reported, the tiles and the MAT ingested
+    assert "5 ingested" in out
+    assert f"s3://{s3_bucket}/archive/cube.img: only GeoTIFF (read in place) and MATLAB (fetched) scenes" in out
     assert "corrupt.tif" in out
     assert "notes.txt" not in out  # a sidecar in a listed prefix is skipped, as in a local folder
     got = Lake(lake, create=False)
-    assert got.scene_ids() == [f.stem for f in tiles]
+    assert got.scene_ids() == sorted([f.stem for f in tiles] + ["samson_1"])
+    mat = got.scene_record("samson_1")
+    assert mat is not None
+    assert mat.source.path == f"s3://{s3_bucket}/archive/samson_1.mat"
+    assert [f.path for f in mat.source.files] == [mat.source.path]
+    np.testing.assert_array_equal(zarr_data(got.scene_dir("samson_1") / "samson_1.zarr"),
+                                  zarr_data(lakes.local.scene_dir("samson_1") / "samson_1.zarr"))
+    assert list((tmp_path / "staging" / "cubelake-staging").iterdir()) == []  # the fetched MAT file is gone
     for f in tiles:
         rec = got.scene_record(f.stem)
         assert rec is not None

@@ -9,6 +9,11 @@ all). Other formats are refused with what to do (download the scene and ingest t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -17,7 +22,9 @@ from cubelake.storage import ObjectNotFound, S3Options, Store, object_at, open_s
 
 from . import SceneInput, SceneKind
 
-__all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_env", "remote_head"]
+__all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_head", "remote_input"]
+
+log = logging.getLogger(__name__)
 
 REMOTE_TIFF = (".tif", ".tiff")
 _SIDECARS = (".aux.xml", ".ovr", ".txt", ".md", ".json", ".xml", ".html", ".pdf", ".png", ".jpg", ".prj")
@@ -36,11 +43,13 @@ def _scene(url: str, explicit: bool) -> SceneInput | None:
     name = PurePosixPath(url).name.lower()
     if name.endswith(REMOTE_TIFF):
         return SceneInput(path=gdal_path(url), kind=SceneKind.GDAL, url=url)
+    if name.endswith(".mat"):  # HDF5/MAT needs random access over the whole file: fetched when it is read
+        return SceneInput(path=Path(PurePosixPath(url).name), kind=SceneKind.MAT, url=url)
     if not explicit and name.endswith(_SIDECARS):
         return None
     return SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
-                      problem=f"{url}: only GeoTIFF scenes are read from object stores so far (by range requests); "
-                              "download this one and ingest the local copy")
+                      problem=f"{url}: only GeoTIFF (read in place) and MATLAB (fetched) scenes are read from object "
+                              "stores so far; download this one and ingest the local copy")
 
 
 def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInput]:
@@ -77,10 +86,25 @@ def remote_head(url: str, options: S3Options | None = None) -> tuple[Store, str,
 
 
 @contextlib.contextmanager
-def remote_env(inp: SceneInput, options: S3Options | None = None) -> Iterator[None]:
-    """GDAL's S3 settings (from the ``AWS_*`` variables or ``options``) while a remote scene is read."""
+def remote_input(inp: SceneInput, options: S3Options | None = None) -> Iterator[SceneInput]:
+    """The scene ready to read: GDAL's S3 settings set for a GeoTIFF read in place; a MATLAB file (which
+    needs random access over all of it) streamed to a local temporary file, removed afterwards."""
     if inp.url is None:
-        yield
+        yield inp
+        return
+    if inp.kind is SceneKind.MAT:
+        from cubelake.object_lake import staging_root
+
+        folder = Path(tempfile.mkdtemp(prefix=f"source.{os.getpid()}.", dir=staging_root()))
+        try:
+            local = folder / PurePosixPath(inp.url).name
+            store, key = object_at(inp.url, options)
+            log.info("%s: fetching the whole object to %s: the MATLAB format needs random access to all of it",
+                     inp.url, local)
+            store.download(key, local)
+            yield dataclasses.replace(inp, path=local)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         return
     with S3Options.coerce(options).gdal_env():
-        yield
+        yield inp
