@@ -536,3 +536,22 @@ def test_s3_source_into_s3_lake(lakes: Lakes, s3_bucket: str, tmp_path: Path) ->
     assert rec is not None
     np.testing.assert_array_equal(np.asarray(_open_zarr(lake, "tile", rec, lakes.server)),
                                   zarr_data(lakes.local.scene_dir(tile.stem) / f"{tile.stem}.zarr"))
+
+
+def test_hostile_object_keys_in_a_source_prefix_are_reported_not_fatal(lakes: Lakes, s3_bucket: str,
+                                                                        tmp_path: Path) -> None:
+    client = lakes.server.client()
+    tile = REAL / "hsi_enmap_potsdam" / "enmap_potsdam_tile_96_0.tif"
+    client.upload_file(str(tile), s3_bucket, "src/good.tif")
+    client.put_object(Bucket=s3_bucket, Key="src/sub/../escape.tif", Body=b"II*\x00")
+    client.put_object(Bucket=s3_bucket, Key="src/bad\x07name.tif", Body=b"II*\x00")
+    res = run_cli("ingest", "--lake", str(tmp_path / "lake"), f"s3://{s3_bucket}/src/",
+                  f"s3://{s3_bucket}/src/good.tif", env=s3_env(lakes.server, tmp_path / "cache"))
+    out = no_traceback(res)
+    # object_store refuses a listing holding a key it cannot parse: the prefix is reported, not followed;
+    # the object named on its own is still ingested
+    assert res.returncode == 1, out
+    assert "1 ingested" in out
+    assert "rename that object, or name the scenes below this prefix one by one" in " ".join(out.split())
+    assert "\x07" not in out  # control characters are escaped in what is printed
+    assert Lake(tmp_path / "lake", create=False).scene_ids() == ["good"]

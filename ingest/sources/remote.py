@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from cubelake.storage import ObjectNotFound, S3Options, Store, object_at, open_store, split_url
+from cubelake.storage import (
+    ObjectNotFound,
+    S3Options,
+    StorageError,
+    Store,
+    object_at,
+    open_store,
+    split_url,
+)
 
 from . import SceneInput, SceneKind
 
@@ -63,6 +71,17 @@ def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInp
         store.head(key)
         return [s for s in [_scene(url, True)] if s is not None]
     prefix = open_store(url.rstrip("/"), options)
+    try:
+        return _listed(url, prefix)
+    except StorageError as exc:
+        if "invalid path" not in str(exc):
+            raise  # the bucket or the endpoint: the whole run's problem
+        # object_store refuses a whole listing that holds one key it cannot parse (control characters)
+        return [SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
+                           problem=f"{exc}; rename that object, or name the scenes below this prefix one by one")]
+
+
+def _listed(url: str, prefix: Store) -> list[SceneInput]:
     out: list[SceneInput] = []
     for n, obj in enumerate(prefix.list()):
         if n >= _MAX_OBJECTS:
@@ -70,7 +89,12 @@ def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInp
                                   problem=f"{url}: more than {_MAX_OBJECTS} objects below this prefix; name a "
                                           "narrower prefix"))
             break
-        scene = _scene(prefix.url_of(obj.key), False)
+        try:
+            scene = _scene(prefix.url_of(obj.key), False)
+        except StorageError:  # a key cubelake would not write or read (control characters, '..' parts)
+            scene = SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=f"{url.rstrip('/')}/{obj.key!r}",
+                               problem=f"{url.rstrip('/')}/{obj.key!r}: an object key with control characters or "
+                                       "'..' parts cannot be a scene; rename the object")
         if scene is not None:
             out.append(scene)
     if not out:
