@@ -42,8 +42,8 @@ from cubelake.object_lake import VERSION_KEY, ObjectLake, staging_root
 from cubelake.storage import CommitConflict, ObjectNotFound, StorageError
 
 from .index import CatalogIndex, SearchHit
-from .items import ITEM_FILE, collection_dict, root_catalog_dict, with_absolute_hrefs
-from .lake import LakeCatalog, ReindexReport, StacReport, parse_item
+from .items import collection_dict, root_catalog_dict, with_absolute_hrefs
+from .lake import LakeCatalog, ReindexReport, StacReport, check_item, parse_item
 from .query import ParsedQuery, Query
 
 __all__ = ["ObjectLakeCatalog", "cache_root"]
@@ -77,11 +77,9 @@ class ObjectLakeCatalog(LakeCatalog):
 
     # -- the published index --------------------------------------------------
     def _pointer(self) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            etag = self.store.head(POINTER).etag
-        except ObjectNotFound:
+        ptr, etag = self.lake.read_json_info(POINTER)
+        if etag is None:
             return None, None
-        ptr = self.lake.read_json(POINTER)
         if ptr is None or not isinstance(ptr.get("key"), str) or not str(ptr["key"]).startswith("catalog/index/"):
             log.warning("%s: damaged index pointer; the index will be rebuilt from the items", self.store.url_of(POINTER))
             return None, etag
@@ -182,7 +180,7 @@ class ObjectLakeCatalog(LakeCatalog):
         item, _ = self.lake.committed(scene_id)
         if item is None:
             raise CatalogError(f"{self.root}: scene {scene_id} has no committed item to index")
-        problems = parse_problems(item)
+        problems = check_item(item)
         if problems:
             raise CorruptItemError(f"{self.store.url_of(self.lake.item_key(scene_id))}: not a valid STAC item: "
                                    f"{'; '.join(problems)}")
@@ -226,11 +224,7 @@ class ObjectLakeCatalog(LakeCatalog):
 
     def _put_newer(self, key: str, doc: dict[str, Any] | None, generation: int) -> None:
         for _ in range(_ATTEMPTS):
-            try:
-                etag = self.store.head(key).etag
-            except ObjectNotFound:
-                etag = None
-            current = self.lake.read_json(key) if etag else None
+            current, etag = self.lake.read_json_info(key)
             if current is not None and int(current.get("cubelake:index_generation", 0)) >= generation:
                 return
             if doc is None:
@@ -408,12 +402,6 @@ class ObjectLakeCatalog(LakeCatalog):
         return lines
 
 
-def parse_problems(item: Any) -> list[str]:
-    from .lake import check_item
-
-    return check_item(item)
-
-
 def _finish_snapshot(path: Path, idx: CatalogIndex) -> None:
     """Close an index built for upload as one self-contained file (no WAL beside it)."""
     idx.close()
@@ -423,5 +411,3 @@ def _finish_snapshot(path: Path, idx: CatalogIndex) -> None:
     finally:
         db.close()
 
-
-_ = ITEM_FILE

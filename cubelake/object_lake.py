@@ -37,7 +37,15 @@ from typing import Any
 from .errors import CorruptRecordError, LakeError
 from .lake import LAKE_VERSION, pid_alive, safe_scene_id
 from .record import SCENE_RECORD_FILE, SceneRecord
-from .storage import CommitConflict, ObjectNotFound, S3Options, StorageError, Store, open_store
+from .storage import (
+    CommitConflict,
+    NotTextError,
+    ObjectNotFound,
+    S3Options,
+    StorageError,
+    Store,
+    open_store,
+)
 
 __all__ = ["VERSION_KEY", "ObjectLake", "new_version"]
 
@@ -159,26 +167,27 @@ class ObjectLake:
 
     def read_json(self, key: str) -> dict[str, Any] | None:
         """A JSON object of the lake, or ``None`` when missing; a damaged one is logged and taken as missing."""
+        return self.read_json_info(key)[0]
+
+    def read_json_info(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """:meth:`read_json` and the ETag it was read at (``None`` only when the object is missing)."""
         try:
-            data = json.loads(self.store.get_text(key, _MAX_JSON))
+            text, info = self.store.get_text_info(key, _MAX_JSON)
         except ObjectNotFound:
-            return None
-        except (json.JSONDecodeError, StorageError) as exc:
-            if not isinstance(exc, json.JSONDecodeError) and "not UTF-8" not in str(exc) and "more than" not in str(exc):
-                raise
+            return None, None
+        except NotTextError as exc:
+            log.warning("%s", exc)
+            return None, exc.info.etag
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
             log.warning("%s: unreadable JSON (%s)", self.store.url_of(key), exc)
-            return None
-        return data if isinstance(data, dict) else None
+            return None, info.etag
+        return (data if isinstance(data, dict) else None), info.etag
 
     def committed(self, scene_id: str) -> tuple[dict[str, Any] | None, str | None]:
         """The scene's commit object (its item) and that object's ETag; ``(None, None)`` if unpublished."""
-        key = self.item_key(scene_id)
-        try:
-            etag = self.store.head(key).etag
-        except ObjectNotFound:
-            self._etags[scene_id] = None
-            return None, None
-        item = self.read_json(key)
+        item, etag = self.read_json_info(self.item_key(scene_id))
         self._etags[scene_id] = etag
         return item, etag
 
@@ -220,8 +229,8 @@ class ObjectLake:
 
     # -- reference roots ----------------------------------------------------------
     def _marker(self) -> tuple[dict[str, Any], str | None]:
-        info = self.read_json("lake.json") or {}
-        return info, self.store.head("lake.json").etag
+        info, etag = self.read_json_info("lake.json")
+        return info or {}, etag
 
     @property
     def allowed_roots(self) -> list[str]:

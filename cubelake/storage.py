@@ -36,6 +36,7 @@ from .errors import CubelakeError
 __all__ = [
     "CommitConflict",
     "ForkedClientError",
+    "NotTextError",
     "ObjectInfo",
     "ObjectNotFound",
     "S3Options",
@@ -60,6 +61,14 @@ class StorageError(CubelakeError, OSError):
 
 class ObjectNotFound(StorageError, FileNotFoundError):
     """No object at that key."""
+
+
+class NotTextError(StorageError):
+    """An object read as text is too large for one, or is not UTF-8; ``info`` is what ``head`` said of it."""
+
+    def __init__(self, message: str, info: ObjectInfo) -> None:
+        super().__init__(message)
+        self.info = info
 
 
 class ForkedClientError(StorageError, RuntimeError):
@@ -559,15 +568,19 @@ class Store:
             return bytes(obstore.get(self.client, self.path(key)).bytes())
 
     def get_text(self, key: str, max_bytes: int = 64 * 1024 * 1024) -> str:
-        """A small text object (a record, a pointer), refused when larger than ``max_bytes``."""
+        """A small text object (a record, a pointer), refused (:class:`NotTextError`) when larger than ``max_bytes``."""
+        return self.get_text_info(key, max_bytes)[0]
+
+    def get_text_info(self, key: str, max_bytes: int = 64 * 1024 * 1024) -> tuple[str, ObjectInfo]:
+        """:meth:`get_text` and what ``head`` said of the object (its ETag for a conditional replace)."""
         info = self.head(key)
         if info.size > max_bytes:
-            raise StorageError(f"{self.url_of(key)}: {info.size} bytes, more than the {max_bytes} a text object may "
-                               "have here; is this the right object?")
+            raise NotTextError(f"{self.url_of(key)}: {info.size} bytes, more than the {max_bytes} a text object may "
+                               "have here; is this the right object?", info)
         try:
-            return self.get(key).decode("utf-8")
+            return self.get(key).decode("utf-8"), info
         except UnicodeDecodeError as exc:
-            raise StorageError(f"{self.url_of(key)}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise NotTextError(f"{self.url_of(key)}: not UTF-8 text ({exc.reason} at byte {exc.start})", info) from None
 
     def head(self, key: str) -> ObjectInfo:
         import obstore

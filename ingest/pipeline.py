@@ -387,11 +387,8 @@ def _dir_size(path: Path) -> int:
 def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
                  progress: ProgressCallback | None = None) -> IngestResult:
     """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
-    try:
-        with remote_input(inp) as ready:
-            return _ingest_scene(ready, lake, options or IngestOptions(), progress)
-    except CubelakeError as exc:  # the object could not be fetched: this scene fails, the others go on
-        return IngestResult(inp.name, None, Outcome.FAILED, ValidationReport(path=inp.name), f"failed: {exc}")
+    with remote_input(inp) as ready:  # an object that cannot be fetched fails this scene in _ingest_one
+        return _ingest_scene(ready, lake, options or IngestOptions(), progress)
 
 
 def _ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions,

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from cubelake.storage import (
     ObjectNotFound,
@@ -30,7 +29,7 @@ from cubelake.storage import (
 
 from . import SceneInput, SceneKind
 
-__all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_head", "remote_input"]
+__all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_input"]
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +100,6 @@ def _listed(url: str, prefix: Store) -> list[SceneInput]:
         return [SceneInput(path=gdal_path(url), kind=SceneKind.MISSING, url=url,
                            problem=f"{url}: no such object, and no scene below it as a prefix; check the URL")]
     return out
-
-
-def remote_head(url: str, options: S3Options | None = None) -> tuple[Store, str, Any]:
-    """The store, key and ``head`` of a source object."""
-    store, key = object_at(url, options)
-    return store, key, store.head(key)
 
 
 @contextlib.contextmanager
