@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -491,19 +492,18 @@ def part_catalog(a: argparse.Namespace, moto: Moto, work: Path) -> dict[str, Any
                     if not (ids_wo == ids_ws == ids_lo == ids_ls):
                         mismatches.append({"kind": kind, "query": repr(q), "s3": len(ids_wo), "local": len(ids_lo)})
     oc.__exit__()
-    # one more item into each index: the S3 lake publishes a whole new snapshot (copy, upsert, upload, move the pointer)
+    # more items into each index: the S3 lake publishes a change set over its base (the snapshot is too
+    # large to republish per item, FoldPolicy), a local lake upserts in place
+    upd = index_updates(url, href, n, a.seed, root)
+    publish_one_s3 = upd["change_publish_s"]
     extra = json.loads(json.dumps(next(synthetic_items(1, a.seed + 1))))
     extra["id"] = "bench-extra-item"
-    t0 = time.perf_counter()
-    gen2 = ObjectLakeCatalog(url)._commit(lambda ix: (ix.upsert(extra, href(extra)), {extra["collection"]})[1],
-                                          "bench: one more item")
-    publish_one_s3 = time.perf_counter() - t0
     with open_local() as c:
         t0 = time.perf_counter()
         c.index.upsert(extra, href(extra))
         publish_one_local = time.perf_counter() - t0
-    print(f"  one more item: S3 lake {publish_one_s3:.2f} s (generation {gen2}: a new {index_bytes / MB:.0f} MB snapshot "
-          f"uploaded), local index upsert {publish_one_local * 1000:.1f} ms", flush=True)
+    print(f"  one more item: S3 lake {publish_one_s3 * 1000:.0f} ms (change set), local index upsert "
+          f"{publish_one_local * 1000:.1f} ms", flush=True)
     # what a warm open costs on the wire: lake.json GET, pointer HEAD + GET
     from cubelake.storage import open_store
 
@@ -535,11 +535,81 @@ def part_catalog(a: argparse.Namespace, moto: Moto, work: Path) -> dict[str, Any
     out = {"items": n, "index_bytes": index_bytes, "build_local_s": build_local, "build_and_publish_s3_s": build_s3,
            "generation": gen, "queries_per_kind": a.queries, "repeats": a.repeats_catalog, "cold_repeats": a.cold_repeats,
            "latency_ms": lat, "hits": hits, "other_cores": oc.cores, "publish_one_item_s3_s": publish_one_s3,
-           "publish_one_item_local_s": publish_one_local, "mismatches": mismatches, "warm_open_requests_ms": med(small), "cli": cli,
+           "publish_one_item_local_s": publish_one_local, "updates": upd, "mismatches": mismatches, "warm_open_requests_ms": med(small), "cli": cli,
            "summary": {k: {m: med(v) for m, v in d.items()} | {"hits_median": med([float(x) for x in hits[k]])}
                        for k, d in lat.items()}}
     shutil.rmtree(root / "local_lake", ignore_errors=True)
     return out
+
+
+
+def index_updates(url: str, href: Callable[[dict[str, Any]], str], n: int, seed: int, root: Path,
+                  count: int = 20) -> dict[str, Any]:
+    """Index updates on the S3 lake through ObjectLakeCatalog's own path: ``count`` items one at a time (each
+    a change set over the base), a reader's first and second open after them, a largest change set the
+    default policy allows, and one fold (the new base snapshot a large change set turns into)."""
+    from catalog_synth import synthetic_items
+
+    from cubelake.catalog import Query
+    from cubelake.catalog.changes import Change, ChangeSet, FoldPolicy
+    from cubelake.catalog.remote import ObjectLakeCatalog
+
+    extra = list(synthetic_items(count, seed + 1))
+    times = []
+    for k, it in enumerate(extra):
+        it = json.loads(json.dumps(it)) | {"id": f"bench-extra-{k:03d}"}
+        with ObjectLakeCatalog(url) as cat:
+            t0 = time.perf_counter()
+            cat._commit_item(it["id"], Change(0, it, href(it)), "bench: one more item")
+            times.append(time.perf_counter() - t0)
+    ptr = json.loads(ObjectLakeCatalog(url).store.get_text("catalog/index.json"))
+    assert ptr["changes"], ptr
+    assert ptr["changes"]["entries"] == count, ptr
+    with ObjectLakeCatalog(url) as cat:
+        cs_bytes = cat.store.head(ptr["changes"]["key"]).size
+        t0 = time.perf_counter()
+        cat.search(Query(ids=["bench-extra-000"]))
+        view_build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with ObjectLakeCatalog(url) as cat:
+        assert [h.id for h in cat.search(Query(ids=["bench-extra-000"]))] == ["bench-extra-000"]
+    view_warm = time.perf_counter() - t0
+    policy = FoldPolicy()
+    per_entry = cs_bytes / count
+    per_fold = int(min(policy.max_entries, policy.max_bytes / per_entry))
+    # the largest change set the policy lets through: publish it as one more change (read, extend, write)
+    big = [json.loads(json.dumps(it)) | {"id": f"bench-big-{k:04d}"}
+           for k, it in enumerate(synthetic_items(per_fold - count - 1, seed + 2))]
+    with ObjectLakeCatalog(url) as cat:
+        p, etag = cat._pointer()
+        assert p is not None
+        assert p.changes is not None
+        cs = cat._changes(p) or ChangeSet(p.key)
+        for it in big:
+            cs = cs.with_change(it["id"], Change(p.generation + 1, it, href(it)))
+        key = f"catalog/index/changes/{p.generation + 1:08d}-bench.json.gz"
+        cat.store.put(key, cs.encode(), create=True)
+        assert cat._move_pointer(dataclasses.replace(p, generation=p.generation + 1, changes=key,
+                                                     changes_entries=len(cs.entries)), etag, key)
+    with ObjectLakeCatalog(url) as cat:  # a writer with nothing cached: GET, extend, PUT the change set, move
+        last = extra[0] | {"id": "bench-extra-last"}
+        t0 = time.perf_counter()
+        cat._commit_item(last["id"], Change(0, last, href(last)), "bench: one more item")
+        max_change = time.perf_counter() - t0
+        p, _ = cat._pointer()
+        assert p is not None
+        assert p.changes_entries == per_fold, p
+    with ObjectLakeCatalog(url) as cat:  # one fold: materialise base + changes, upload a new base, move the pointer
+        p, etag = cat._pointer()
+        t0 = time.perf_counter()
+        gen = cat._publish_snapshot(p, etag, lambda ix: set(), "bench: fold")
+        fold = time.perf_counter() - t0
+        assert gen is not None
+    return {"changes": count, "change_publish_s": med(times), "change_set_bytes": cs_bytes, "bytes_per_entry": per_entry,
+            "view_build_s": view_build, "view_warm_open_ms": view_warm * 1000, "items_per_fold": per_fold,
+            "max_change_publish_s": max_change, "fold_s": fold,
+            # a change set grows from one item to the largest: its cost on average is about the mean of the two
+            "amortised_s": fold / per_fold + (med(times) + max_change) / 2}
 
 
 def print_catalog(doc: dict[str, Any]) -> None:
@@ -552,8 +622,14 @@ def print_catalog(doc: dict[str, Any]) -> None:
         print(f"{k:<26}{s['hits_median']:>6.0f}{s['cold']:>10.1f}{s['warm_open']:>14.2f}{s['warm_session']:>12.2f}"
               f"{s['local_open']:>12.2f}{s['local_session']:>15.2f}{s['warm_open'] / s['local_open']:>11.2f}x")
     print(f"  lake.json GET + pointer HEAD + GET: {doc['warm_open_requests_ms']:.2f} ms (median of 20)")
-    print(f"  one more item: S3 {doc['publish_one_item_s3_s']:.2f} s (new snapshot), local index upsert "
+    u = doc["updates"]
+    print(f"  one more item: S3 {u['change_publish_s'] * 1000:.0f} ms (median of {u['changes']}: a change set of "
+          f"~{u['bytes_per_entry'] / 1024:.1f} KiB per item over the base), local index upsert "
           f"{doc['publish_one_item_local_s'] * 1000:.1f} ms")
+    print(f"  a fold (new {doc['index_bytes'] / MB:.0f} MB base): {u['fold_s']:.2f} s, every {u['items_per_fold']} "
+          f"items -> {u['amortised_s'] * 1000:.0f} ms per item amortised (largest change set "
+          f"{u['max_change_publish_s'] * 1000:.0f} ms); a reader after a change: first open {u['view_build_s']:.2f} s "
+          f"(copy the cached base, apply), then {u['view_warm_open_ms']:.1f} ms")
     print("  CLI (one search, interpreter included): " + ", ".join(f"{k} {v['wall_ms']:.0f} ms ({v['items']} items)"
                                                                for k, v in doc["cli"].items()))
     print(f"  same ids on S3 and local for every query: {'yes' if not doc['mismatches'] else 'NO'}; other processes "

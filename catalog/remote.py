@@ -1,25 +1,30 @@
-"""The catalog of a lake on an object store: item JSONs plus a published, immutable search index.
+"""The catalog of a lake on an object store: item JSONs plus a published search index.
 
 Layout inside an object-store lake::
 
-    scenes/<id>/item.json                      the items (the source of truth; each is its scene's commit object)
-    catalog/index.json                         pointer: {"generation": n, "key": ..., "items": k}
-    catalog/index/<generation>-<random>.sqlite immutable snapshots of the SQLite index
-    catalog/pending/<id>.json                  an ingest between committing a scene and indexing it
-    catalog.json, collections/<p>/collection.json   the static STAC tree
+    scenes/<id>/item.json                          the items (the source of truth; each is its scene's commit object)
+    catalog/index.json                             pointer: generation, base snapshot, change set, collections
+    catalog/index/<generation>-<random>.sqlite     immutable base snapshots of the SQLite index
+    catalog/index/changes/<generation>-<random>.json.gz   immutable cumulative change sets over a base
+    catalog/pending/<id>.json                      an ingest between committing a scene and indexing it
+    catalog.json, collections/<p>/collection.json  the static STAC tree
 
-Searching never lists the scenes: a reader GETs the small pointer and opens the snapshot it
-names from a local cache keyed by that (immutable) key, downloading it only when the pointer
-moved. A writer takes the current snapshot, adds its item in a local copy, uploads it as the
-next generation and moves the pointer with ``If-Match`` (``If-None-Match: *`` for the first);
-when another writer moved it first, it starts again from theirs, so concurrent ingests merge
-and no update is lost. Old snapshots stay for readers still downloading them; ``lake gc``
-removes them after the grace period.
+Searching never lists the scenes: a reader GETs the small pointer, the base snapshot it names
+(downloaded once into a local cache: it is immutable) and the change set on top of it, which it
+applies to a cached copy of the base. A writer publishing an item reads the current change set,
+writes a new one holding it plus the item, and moves the pointer with ``If-Match``
+(``If-None-Match: *`` for the first); when another writer moved it first, it starts again from
+theirs, so concurrent ingests merge and no update is lost. When the change set grows large (or
+the base is small enough that republishing it is cheap: :class:`~.changes.FoldPolicy`), the
+writer folds the changes into a new base snapshot instead, and rewrites the static STAC tree
+from it: an ingest costs O(changes since the last fold), not O(lake). Old snapshots and change
+sets stay for readers still downloading them; ``lake gc`` removes them after the grace period.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -41,6 +46,7 @@ from cubelake.lake import AnyLake, open_lake, pid_alive, safe_scene_id
 from cubelake.object_lake import VERSION_KEY, ObjectLake, staging_root
 from cubelake.storage import CommitConflict, ObjectNotFound, StorageError
 
+from .changes import Change, ChangeSet, DamagedIndexError, FoldPolicy, IndexPointer, should_fold
 from .index import CatalogIndex, SearchHit
 from .items import collection_dict, root_catalog_dict, with_absolute_hrefs
 from .lake import LakeCatalog, ReindexReport, StacReport, check_item, parse_item
@@ -53,6 +59,41 @@ log = logging.getLogger(__name__)
 POINTER = "catalog/index.json"
 _ATTEMPTS = 200  # conditional-put retries before giving up (each one means another writer made progress)
 _PENDING_GRACE = dt.timedelta(hours=1)
+_MAX_CHANGES_OBJECT = 64 * 1024 * 1024  # compressed; the fold policy keeps real ones near 4 MiB
+
+
+def fold_policy() -> FoldPolicy:
+    """The fold policy, with ``CUBELAKE_INDEX_FOLD_BELOW`` (bytes: a base snapshot smaller than this is
+    republished on every change) as an operator's knob."""
+    raw = os.environ.get("CUBELAKE_INDEX_FOLD_BELOW", "").strip()
+    try:
+        return FoldPolicy(always_below=int(raw)) if raw else FoldPolicy()
+    except ValueError:
+        raise CatalogError(f"CUBELAKE_INDEX_FOLD_BELOW={raw!r} is not a number of bytes; unset it or give one, "
+                           "e.g. 33554432") from None
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** min(attempt, 6))))
+
+
+def _apply_one(idx: CatalogIndex, item_id: str, change: Change) -> set[str]:
+    """Apply one change to an index; the collections it touched (the item's old and new one)."""
+    old = idx.get(item_id)
+    touched = {old.collection} if old is not None else set()
+    if change.item is None:
+        idx.delete(item_id)
+    else:
+        idx.upsert(change.item, change.href)
+        touched.add(str(change.item["collection"]))
+    return touched
+
+
+def _apply(idx: CatalogIndex, changes: ChangeSet) -> set[str]:
+    touched: set[str] = set()
+    for item_id, change in sorted(changes.entries.items(), key=lambda kv: kv[1].generation):
+        touched |= _apply_one(idx, item_id, change)
+    return touched
 
 
 def cache_root() -> Path:
@@ -74,29 +115,89 @@ class ObjectLakeCatalog(LakeCatalog):
         self.cache = cache_root() / hashlib.sha256(opened.url.encode()).hexdigest()[:16]
         self._index: CatalogIndex | None = None
         self._generation = 0
+        self._changeset: tuple[str, ChangeSet] | None = None
 
     # -- the published index --------------------------------------------------
-    def _pointer(self) -> tuple[dict[str, Any] | None, str | None]:
-        ptr, etag = self.lake.read_json_info(POINTER)
+    def _pointer(self) -> tuple[IndexPointer | None, str | None]:
+        doc, etag = self.lake.read_json_info(POINTER)
         if etag is None:
             return None, None
-        if ptr is None or not isinstance(ptr.get("key"), str) or not str(ptr["key"]).startswith("catalog/index/"):
-            log.warning("%s: damaged index pointer; the index will be rebuilt from the items", self.store.url_of(POINTER))
+        try:
+            return IndexPointer.parse(doc), etag
+        except DamagedIndexError as exc:
+            log.warning("%s: damaged index pointer (%s); the index will be rebuilt from the items",
+                        self.store.url_of(POINTER), exc)
             return None, etag
-        return ptr, etag
 
     def _snapshot(self, key: str) -> Path:
-        """The local copy of an immutable snapshot, downloaded once; older cached snapshots are removed."""
+        """The local copy of an immutable base snapshot, downloaded once."""
         local = self.cache / Path(key).name
         if not local.is_file():
             self.cache.mkdir(parents=True, exist_ok=True)
             n = self.store.download(key, local)
             log.info("%s: downloaded the catalog index %s (%d bytes)", self.root, key, n)
-            for old in self.cache.glob("*.sqlite"):
-                if old.name not in (local.name, "empty.sqlite") and old.name < local.name:
-                    # an older generation (names sort by generation); a reader holding it open keeps its copy
-                    old.unlink(missing_ok=True)
         return local
+
+    def _changes(self, ptr: IndexPointer) -> ChangeSet | None:
+        """The change set ``ptr`` names, if any (immutable: kept in memory by key)."""
+        key = ptr.changes
+        if key is None:
+            return None
+        if self._changeset is not None and self._changeset[0] == key:
+            return self._changeset[1]
+        size = self.store.head(key).size
+        if size > _MAX_CHANGES_OBJECT:
+            raise CatalogError(f"{self.store.url_of(key)}: {size} bytes is far more than an index change set; "
+                               f"run 'cubelake catalog reindex --lake {self.root}'")
+        try:
+            changes = ChangeSet.decode(self.store.get(key))
+        except DamagedIndexError as exc:
+            raise CatalogError(f"{self.store.url_of(key)}: damaged index change set ({exc}); run 'cubelake catalog "
+                               f"reindex --lake {self.root}' to rebuild the index from the items") from None
+        if changes.base != ptr.key:
+            raise CatalogError(f"{self.store.url_of(key)}: an index change set over {changes.base}, but the pointer "
+                               f"names {ptr.key} as its base; run 'cubelake catalog reindex --lake {self.root}'")
+        self._changeset = (key, changes)
+        return changes
+
+    def _view(self, ptr: IndexPointer) -> Path:
+        """A local SQLite file answering for ``ptr``: its base snapshot, or (cached by the change set's
+        immutable key) a copy of the base with the changes applied."""
+        if ptr.changes is None:
+            assert ptr.key is not None
+            path = self._snapshot(ptr.key)
+        else:
+            path = self.cache / (Path(ptr.changes).name.removesuffix(".json.gz") + ".sqlite")
+            if not path.is_file():
+                tmp = self._materialize(ptr, self.cache)
+                os.replace(tmp, path)  # readers sharing the cache see the whole file or none
+        self._evict({path.name, Path(ptr.key).name if ptr.key else ""})
+        return path
+
+    def _materialize(self, ptr: IndexPointer, folder: Path) -> Path:
+        """A new file in ``folder``: the base of ``ptr`` with its changes applied (self-contained, no WAL)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        work = folder / f".view.{os.getpid()}.{uuid.uuid4().hex[:8]}.sqlite"
+        try:
+            if ptr.key is not None:
+                shutil.copyfile(self._snapshot(ptr.key), work)
+            idx = CatalogIndex(work)
+            changes = self._changes(ptr)
+            if changes is not None:
+                _apply(idx, changes)
+            _finish_snapshot(work, idx)
+        except BaseException:
+            work.unlink(missing_ok=True)
+            raise
+        return work
+
+    def _evict(self, keep: set[str]) -> None:
+        """Drop cached views and snapshots older than the ones in use (names sort by generation); a reader
+        holding an old one open keeps its copy until it closes it."""
+        newest = max(keep)
+        for old in self.cache.glob("*.sqlite"):
+            if old.name not in keep and old.name != "empty.sqlite" and old.name < newest:
+                old.unlink(missing_ok=True)
 
     @property
     def index(self) -> CatalogIndex:
@@ -111,9 +212,13 @@ class ObjectLakeCatalog(LakeCatalog):
                 self.reindex()
                 ptr, _ = self._pointer()
                 assert ptr is not None
-            self._generation = int(ptr.get("generation", 0))
-            self._index = CatalogIndex(self._snapshot(str(ptr["key"])), readonly=True)
+            self._generation = ptr.generation
+            self._index = CatalogIndex(self._view(ptr), readonly=True)
         return self._index
+
+    def refresh(self) -> None:
+        """Answer the next search from the index as published now (an open catalog keeps the one it opened)."""
+        self.close()
 
     def _empty_index(self) -> CatalogIndex:
         self.cache.mkdir(parents=True, exist_ok=True)
@@ -124,43 +229,97 @@ class ObjectLakeCatalog(LakeCatalog):
             os.replace(tmp, path)
         return CatalogIndex(path, readonly=True)
 
-    def _commit(self, change: Callable[[CatalogIndex], set[str]], what: str) -> int:
-        """Apply ``change`` to a copy of the current index and publish it as the next generation.
+    def _commit(self, change: Callable[[CatalogIndex], set[str]], what: str, *, fresh: bool = False) -> int:
+        """Apply ``change`` to a copy of the current index (an empty one if ``fresh``: reindex never
+        reads the index it replaces) and publish it as a new base snapshot.
 
-        Retries from the newer snapshot whenever another writer moved the pointer first. Returns the
+        Retries from the newer index whenever another writer moved the pointer first. Returns the
         generation published; ``change`` returns the collections it touched (their JSON is rewritten).
         """
         for attempt in range(_ATTEMPTS):
             ptr, etag = self._pointer()
-            gen = int(ptr.get("generation", 0)) + 1 if ptr else 1
-            # in the lake's local staging root, named by pid: recover() removes it after a kill
-            work = Path(tempfile.mkdtemp(prefix=f"index.{os.getpid()}.", dir=staging_root())) / "index.sqlite"
-            try:
-                if ptr is not None:
-                    shutil.copyfile(self._snapshot(str(ptr["key"])), work)
-                idx = CatalogIndex(work)
-                touched = change(idx)
-                count = len(idx.ids())
-                _finish_snapshot(work, idx)
-                key = f"catalog/index/{gen:08d}-{uuid.uuid4().hex[:12]}.sqlite"
-                self.store.put(key, work, create=True)
-                body = json.dumps({"format": "cubelake-index", "generation": gen, "key": key, "items": count,
-                                   "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}) + "\n"
-                try:
-                    if etag is None:
-                        self.store.put(POINTER, body.encode(), create=True)
-                    else:
-                        self.store.put(POINTER, body.encode(), if_match=etag)
-                except CommitConflict:
-                    self.store.delete(key)
-                    time.sleep(random.uniform(0, min(1.0, 0.02 * 2 ** min(attempt, 6))))
-                    continue
-            finally:
-                shutil.rmtree(work.parent, ignore_errors=True)
-            self.close()
-            log.info("%s: catalog index generation %d published (%s)", self.root, gen, what)
-            self._write_collections_at(gen, touched)
-            return gen
+            gen = self._publish_snapshot(ptr, etag, change, what, fresh=fresh)
+            if gen is not None:
+                return gen
+            _backoff(attempt)
+        raise CatalogError(f"{self.root}: the catalog index kept changing under {_ATTEMPTS} attempts to {what}; "
+                           "run the ingest again")
+
+    def _publish_snapshot(self, ptr: IndexPointer | None, etag: str | None,
+                          change: Callable[[CatalogIndex], set[str]], what: str, *, fresh: bool = False) -> int | None:
+        """One attempt to publish ``ptr``'s index (changes folded in; empty if ``fresh``) with ``change``
+        applied as the next base snapshot; ``None`` when another writer moved the pointer first."""
+        gen = ptr.generation + 1 if ptr else 1
+        # in the lake's local staging root, named by pid: recover() removes it after a kill
+        folder = Path(tempfile.mkdtemp(prefix=f"index.{os.getpid()}.", dir=staging_root()))
+        try:
+            if ptr is None or fresh:
+                work, old = folder / "index.sqlite", set(ptr.collections if ptr else ())
+            else:
+                work, old = self._materialize(ptr, folder), (self._changes(ptr) or ChangeSet(None)).collections()
+            idx = CatalogIndex(work)
+            touched = change(idx) | old
+            new = IndexPointer(gen, f"catalog/index/{gen:08d}-{uuid.uuid4().hex[:12]}.sqlite", len(idx.ids()),
+                               collections=tuple(idx.collections()))
+            _finish_snapshot(work, idx)
+            new = dataclasses.replace(new, base_bytes=work.stat().st_size)
+            assert new.key is not None
+            self.store.put(new.key, work, create=True)
+            if not self._move_pointer(new, etag, new.key):
+                return None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.close()
+        log.info("%s: catalog index generation %d published as a new snapshot (%s)", self.root, gen, what)
+        self._write_collections_at(gen, touched)
+        return gen
+
+    def _publish_change(self, ptr: IndexPointer, etag: str | None, item_id: str, change: Change,
+                        what: str) -> int | None:
+        """One attempt to publish ``change`` in a new cumulative change set over ``ptr``'s base;
+        ``None`` when another writer moved the pointer first."""
+        gen = ptr.generation + 1
+        base = self._changes(ptr) or ChangeSet(ptr.key)
+        changes = base.with_change(item_id, dataclasses.replace(change, generation=gen))
+        key = f"catalog/index/changes/{gen:08d}-{uuid.uuid4().hex[:12]}.json.gz"
+        self.store.put(key, changes.encode(), create=True)
+        new = dataclasses.replace(ptr, generation=gen, changes=key, changes_entries=len(changes.entries))
+        if not self._move_pointer(new, etag, key):
+            return None
+        self.close()
+        log.info("%s: catalog index generation %d published as %d change(s) over snapshot %s (%s)", self.root, gen,
+                 len(changes.entries), ptr.key, what)
+        return gen
+
+    def _move_pointer(self, new: IndexPointer, etag: str | None, written: str) -> bool:
+        """Move the pointer from ``etag`` to ``new`` by conditional PUT; on a conflict delete ``written``."""
+        body = new.to_json(dt.datetime.now(dt.UTC).isoformat(timespec="seconds")).encode()
+        try:
+            if etag is None:
+                self.store.put(POINTER, body, create=True)
+            else:
+                self.store.put(POINTER, body, if_match=etag)
+        except CommitConflict:
+            self.store.delete(written)
+            return False
+        return True
+
+    def _commit_item(self, item_id: str, change: Change, what: str) -> int:
+        """Publish one item's change: into the change set, or folded into a new snapshot when the policy
+        says so (a fold that loses a race twice gives way to the change set, so a busy lake never stalls)."""
+        new_colls = {str(change.item["collection"])} if change.item is not None else set()
+        folds_lost = 0
+        for attempt in range(_ATTEMPTS):
+            ptr, etag = self._pointer()
+            changes = self._changes(ptr) if ptr is not None else None
+            if ptr is None or (folds_lost < 2 and should_fold(fold_policy(), ptr, changes, new_colls)):
+                gen = self._publish_snapshot(ptr, etag, lambda idx: _apply_one(idx, item_id, change), what)
+                folds_lost += gen is None
+            else:
+                gen = self._publish_change(ptr, etag, item_id, change, what)
+            if gen is not None:
+                return gen
+            _backoff(attempt)
         raise CatalogError(f"{self.root}: the catalog index kept changing under {_ATTEMPTS} attempts to {what}; "
                            "run the ingest again")
 
@@ -185,24 +344,14 @@ class ObjectLakeCatalog(LakeCatalog):
             raise CorruptItemError(f"{self.store.url_of(self.lake.item_key(scene_id))}: not a valid STAC item: "
                                    f"{'; '.join(problems)}")
 
-        def change(idx: CatalogIndex) -> set[str]:
-            old = idx.get(scene_id)
-            idx.upsert(item, self.item_href(scene_id))
-            return {item["collection"]} | ({old.collection} if old and old.collection != item["collection"] else set())
-
-        self._commit(change, f"index {scene_id}")
+        self._commit_item(scene_id, Change(0, item, self.item_href(scene_id)), f"index {scene_id}")
         return item
 
     def unpublish(self, scene_id: str) -> bool:
         if self.index.get(scene_id) is None:
             return False
 
-        def change(idx: CatalogIndex) -> set[str]:
-            old = idx.get(scene_id)
-            idx.delete(scene_id)
-            return {old.collection} if old else set()
-
-        self._commit(change, f"remove {scene_id}")
+        self._commit_item(scene_id, Change(0, None), f"remove {scene_id}")
         return True
 
     def _write_collections_at(self, generation: int, collections: set[str]) -> None:
@@ -284,13 +433,11 @@ class ObjectLakeCatalog(LakeCatalog):
                 items.append(item)
 
         def change(idx: CatalogIndex) -> set[str]:
-            old = set(idx.collections())
-            idx.clear()
             report.indexed = idx.insert_items(items, batch_size=1000, href=lambda it: self.item_href(it["id"]))
             idx.analyze()
-            return old | set(idx.collections())
+            return set(idx.collections())
 
-        self._commit(change, f"reindex {len(items)} item(s)")
+        self._commit(change, f"reindex {len(items)} item(s)", fresh=True)
         return report
 
     def _reindex_one(self, sid: str, report: ReindexReport) -> dict[str, Any] | None:
@@ -388,17 +535,18 @@ class ObjectLakeCatalog(LakeCatalog):
 
     # -- garbage -----------------------------------------------------------------------
     def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
-        """Delete index snapshots the pointer does not name, older than ``grace``."""
+        """Delete index snapshots and change sets the pointer does not name, older than ``grace``."""
         ptr, _ = self._pointer()
-        live = ptr.get("key") if ptr else None
+        live = {ptr.key, ptr.changes} if ptr else set()
         now, grace = dt.datetime.now(dt.UTC), grace if grace is not None else dt.timedelta(hours=6)
         lines = []
         for obj in list(self.store.list("catalog/index")):
-            if obj.key == live or (obj.mtime is not None and now - obj.mtime < grace):
+            if obj.key in live or (obj.mtime is not None and now - obj.mtime < grace):
                 continue
             if not dry_run:
                 self.store.delete(obj.key)
-            lines.append(f"{'would remove' if dry_run else 'removed'} old index snapshot {obj.key}")
+            what = "change set" if obj.key.startswith("catalog/index/changes/") else "snapshot"
+            lines.append(f"{'would remove' if dry_run else 'removed'} old index {what} {obj.key}")
         return lines
 
 
