@@ -494,16 +494,12 @@ def part_catalog(a: argparse.Namespace, moto: Moto, work: Path) -> dict[str, Any
     oc.__exit__()
     # more items into each index: the S3 lake publishes a change set over its base (the snapshot is too
     # large to republish per item, FoldPolicy), a local lake upserts in place
-    upd = index_updates(url, href, n, a.seed, root)
-    publish_one_s3 = upd["change_publish_s"]
     extra = json.loads(json.dumps(next(synthetic_items(1, a.seed + 1))))
     extra["id"] = "bench-extra-item"
     with open_local() as c:
         t0 = time.perf_counter()
         c.index.upsert(extra, href(extra))
         publish_one_local = time.perf_counter() - t0
-    print(f"  one more item: S3 lake {publish_one_s3 * 1000:.0f} ms (change set), local index upsert "
-          f"{publish_one_local * 1000:.1f} ms", flush=True)
     # what a warm open costs on the wire: lake.json GET, pointer HEAD + GET
     from cubelake.storage import open_store
 
@@ -532,6 +528,8 @@ def part_catalog(a: argparse.Namespace, moto: Moto, work: Path) -> dict[str, Any
                      "stderr": p.stderr[-600:] if p.returncode else ""}
         if p.returncode:
             print(f"  CLI search on {lake} failed (exit {p.returncode}): {p.stderr[-600:]}", flush=True)
+    upd = index_updates(url, href, n, a.seed, root)  # after the searches and the CLI: it adds items to the S3 lake
+    publish_one_s3 = upd["change_publish_s"]
     out = {"items": n, "index_bytes": index_bytes, "build_local_s": build_local, "build_and_publish_s3_s": build_s3,
            "generation": gen, "queries_per_kind": a.queries, "repeats": a.repeats_catalog, "cold_repeats": a.cold_repeats,
            "latency_ms": lat, "hits": hits, "other_cores": oc.cores, "publish_one_item_s3_s": publish_one_s3,
@@ -576,7 +574,7 @@ def index_updates(url: str, href: Callable[[dict[str, Any]], str], n: int, seed:
     view_warm = time.perf_counter() - t0
     policy = FoldPolicy()
     per_entry = cs_bytes / count
-    per_fold = int(min(policy.max_entries, policy.max_bytes / per_entry))
+    per_fold = int(min(policy.max_entries(n), policy.max_bytes / per_entry))
     # the largest change set the policy lets through: publish it as one more change (read, extend, write)
     big = [json.loads(json.dumps(it)) | {"id": f"bench-big-{k:04d}"}
            for k, it in enumerate(synthetic_items(per_fold - count - 1, seed + 2))]

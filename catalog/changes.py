@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,13 +39,21 @@ class FoldPolicy:
     """When the changes are folded into a new base snapshot.
 
     A base under ``always_below`` bytes is cheap to republish, so every change folds (the lake's
-    static STAC tree then follows each ingest); above it, changes accumulate until the set holds
-    ``max_entries`` items or ``max_bytes`` compressed bytes, or a change adds a new collection.
+    static STAC tree then follows each ingest). Above it, changes accumulate until a change adds a
+    new collection, the set reaches ``max_bytes`` compressed, or it holds :meth:`max_entries` items.
+    A fold costs about ``f`` per base item, a change about ``c`` per item already in the set, so
+    ``n`` changes per fold cost ``f·N/n + c·n/2`` per change, least at ``n = sqrt(2·f/c·N)``;
+    with f ≈ 0.08 ms and c ≈ 0.4 ms on the S3 benchmark (BENCHMARKS.md) that is ``0.63·sqrt(N)``.
     """
 
     always_below: int = 32 * 1024 * 1024
-    max_entries: int = 1000
     max_bytes: int = 4 * 1024 * 1024
+    per_sqrt_item: float = 0.63
+    entries_range: tuple[int, int] = (32, 1000)
+
+    def max_entries(self, base_items: int) -> int:
+        lo, hi = self.entries_range
+        return max(lo, min(hi, int(self.per_sqrt_item * math.sqrt(max(base_items, 0)))))
 
 
 def should_fold(policy: FoldPolicy, pointer: IndexPointer | None, changes: ChangeSet | None,
@@ -56,7 +65,7 @@ def should_fold(policy: FoldPolicy, pointer: IndexPointer | None, changes: Chang
         return True  # the root catalog must list a new collection at once
     if changes is None:
         return False
-    return len(changes.entries) >= policy.max_entries or changes.encoded_bytes >= policy.max_bytes
+    return len(changes.entries) >= policy.max_entries(pointer.items) or changes.encoded_bytes >= policy.max_bytes
 
 
 @dataclass(frozen=True, slots=True)

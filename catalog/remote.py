@@ -212,9 +212,24 @@ class ObjectLakeCatalog(LakeCatalog):
                 self.reindex()
                 ptr, _ = self._pointer()
                 assert ptr is not None
-            self._generation = ptr.generation
-            self._index = CatalogIndex(self._view(ptr), readonly=True)
+            self._index = self._open_view(ptr)
         return self._index
+
+    def _open_view(self, ptr: IndexPointer) -> CatalogIndex:
+        for _ in range(3):
+            path = self._view(ptr)
+            try:
+                index = CatalogIndex(path, readonly=True)
+            except CatalogError:
+                if path.exists():
+                    raise
+                # another process sharing the cache evicted it for a newer generation: resolve again
+                ptr = self._pointer()[0] or ptr
+                continue
+            self._generation = ptr.generation
+            return index
+        raise CatalogError(f"{self.cache}: the cached index kept disappearing; is another process clearing "
+                           "CUBELAKE_CACHE? Use a cache folder of its own")
 
     def refresh(self) -> None:
         """Answer the next search from the index as published now (an open catalog keeps the one it opened)."""

@@ -8,6 +8,7 @@ names, and damaged pointers or change sets are refused with what to do.
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import threading
@@ -17,9 +18,8 @@ from typing import Any
 import pytest
 from shapely.geometry import box
 
-from cubelake.catalog import CatalogIndex, LakeCatalog, Query
+from cubelake.catalog import CatalogIndex, LakeCatalog, Query, remote
 from cubelake.catalog import changes as changes_mod
-from cubelake.catalog import remote
 from cubelake.catalog.changes import (
     Change,
     ChangeSet,
@@ -128,7 +128,7 @@ def test_pointer_parsing_refuses_keys_outside_the_index() -> None:
 
 
 def test_fold_policy() -> None:
-    policy = FoldPolicy(always_below=1000, max_entries=3, max_bytes=100)
+    policy = FoldPolicy(always_below=1000, max_bytes=100, entries_range=(3, 3))
     big = IndexPointer(5, "catalog/index/5.sqlite", 99, 10_000, collections=("a",))
     three = ChangeSet(big.key, {str(i): Change(i, None) for i in range(3)}, 10)
     assert should_fold(policy, None, None, {"a"})  # no index yet
@@ -138,6 +138,8 @@ def test_fold_policy() -> None:
     assert should_fold(policy, big, three, set())
     assert should_fold(policy, big, ChangeSet(big.key, {}, 100), set())
     assert not should_fold(policy, big, ChangeSet(big.key, {"1": Change(1, None)}, 99), set())
+    # folds every ~0.63·sqrt(items) changes, within its range
+    assert [FoldPolicy().max_entries(n) for n in (0, 10_000, 100_000, 10_000_000)] == [32, 63, 199, 1000]
 
 
 # -- on a real S3-protocol server ----------------------------------------------------------------------
@@ -151,7 +153,8 @@ def test_changes_over_a_base_answer_like_a_local_index(lake_url: str, tmp_path: 
     ptr = _pointer(lake_url)
     # every item after the first of each collection went into one cumulative change set
     assert ptr["changes"]["entries"] == 10
-    assert ptr["items"] == 2 and ptr["generation"] == 12
+    assert ptr["items"] == 2
+    assert ptr["generation"] == 12
     assert sorted(ptr["collections"]) == ["a", "b"]
     assert _answers(lake_url, tmp_path / "reader", monkeypatch) == _expected(items, tmp_path)
     # a replacement and a deletion through the change set
@@ -168,7 +171,7 @@ def test_changes_over_a_base_answer_like_a_local_index(lake_url: str, tmp_path: 
 
 def test_a_large_change_set_is_folded_into_a_new_base(lake_url: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "fold_policy", lambda: FoldPolicy(always_below=0, max_entries=4))
+    monkeypatch.setattr(remote, "fold_policy", lambda: FoldPolicy(always_below=0, entries_range=(4, 4)))
     items = [_item(n) for n in range(9)]
     _publish(lake_url, items)
     ptr = _pointer(lake_url)
@@ -182,9 +185,11 @@ def test_a_large_change_set_is_folded_into_a_new_base(lake_url: str, tmp_path: P
     with LakeCatalog(lake_url) as cat:
         assert cat.reindex().indexed == 9
         ptr = _pointer(lake_url)
-        assert ptr["changes"] is None and ptr["items"] == 9
-        lines = cat.gc(grace=__import__("datetime").timedelta(0))
-    assert any("old index change set" in ln for ln in lines) and any("old index snapshot" in ln for ln in lines)
+        assert ptr["changes"] is None
+        assert ptr["items"] == 9
+        lines = cat.gc(grace=dt.timedelta(0))
+    assert any("old index change set" in ln for ln in lines)
+    assert any("old index snapshot" in ln for ln in lines)
     assert [o.key for o in ObjectLake(lake_url).store.list("catalog/index")] == [ptr["key"]]
     assert _answers(lake_url, tmp_path / "reader2", monkeypatch) == _expected(items, tmp_path)
 
@@ -229,7 +234,8 @@ def test_concurrent_writers_merge_their_changes(lake_url: str, tmp_path: Path,
         t.join(120)
     assert not errors
     ptr = _pointer(lake_url)
-    assert ptr["generation"] == 25 and ptr["changes"]["entries"] == 24  # no change overwrote another
+    assert ptr["generation"] == 25
+    assert ptr["changes"]["entries"] == 24
     assert _answers(lake_url, tmp_path / "reader", monkeypatch) == _expected([_item(0), *items], tmp_path)
 
 
@@ -247,6 +253,6 @@ def test_damaged_change_set_is_refused_with_what_to_do(lake_url: str, tmp_path: 
     assert f"cubelake catalog reindex --lake {lake_url}" in err
     assert run_cli("catalog", "reindex", "--lake", lake_url).returncode == 0
     assert _answers(lake_url, tmp_path / "after", monkeypatch) == _expected([_item(0), _item(1)], tmp_path)
+    monkeypatch.setenv("CUBELAKE_INDEX_FOLD_BELOW", "lots")
     with pytest.raises(CatalogError, match="not a number of bytes"):
-        monkeypatch.setenv("CUBELAKE_INDEX_FOLD_BELOW", "lots")
         remote.fold_policy()
