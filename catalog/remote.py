@@ -196,7 +196,11 @@ class ObjectLakeCatalog(LakeCatalog):
         holding an old one open keeps its copy until it closes it."""
         newest = max(keep)
         for old in self.cache.glob("*.sqlite"):
-            if old.name not in keep and old.name != "empty.sqlite" and old.name < newest:
+            if old.name.startswith("."):  # a view being built: removed only when its builder died
+                pid = old.name.split(".")[2] if old.name.startswith(".view.") else ""
+                if pid.isdigit() and not pid_alive(int(pid)):
+                    old.unlink(missing_ok=True)
+            elif old.name not in keep and old.name != "empty.sqlite" and old.name < newest:
                 old.unlink(missing_ok=True)
 
     @property

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import json
+import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -202,9 +204,16 @@ def test_an_open_reader_keeps_its_view_until_refresh_and_the_cache_keeps_two_fil
     assert len(reader.search(Query())) == 3
     _publish(lake_url, [_item(n) for n in range(3, 6)])
     assert len(reader.search(Query())) == 3  # the view it opened: a consistent generation
+    folder = next((tmp_path / "cache" / "catalogs").iterdir())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (folder / f".view.{dead.pid}.abc.sqlite").write_bytes(b"left by a killed reader")
+    (folder / f".view.{os.getpid()}.def.sqlite").write_bytes(b"being built by a live one")
     reader.refresh()
     assert len(reader.search(Query())) == 6
     reader.close()
+    assert not (folder / f".view.{dead.pid}.abc.sqlite").exists()
+    (folder / f".view.{os.getpid()}.def.sqlite").unlink()  # never removed under a live builder
     cached = sorted(p.name for p in (tmp_path / "cache" / "catalogs").glob("*/*.sqlite"))
     ptr = _pointer(lake_url)
     view = Path(ptr["changes"]["key"]).name.removesuffix(".json.gz") + ".sqlite"
