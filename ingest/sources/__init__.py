@@ -30,6 +30,8 @@ from ._base import (
     RasterSource,
     SceneMetadata,
     block_grid,
+    display_name,
+    file_size,
     is_folder,
     is_regular_file,
 )
@@ -48,7 +50,10 @@ __all__ = [
     "SourceOptions",
     "block_grid",
     "discover",
+    "display_name",
+    "file_size",
     "is_lake",
+    "is_regular_file",
     "open_source",
 ]
 
