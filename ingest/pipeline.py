@@ -847,7 +847,8 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
 
 
 def _source_file(inp: SceneInput, entry: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint as the record keeps it: a source fetched from an object store is named by its URL."""
+    """A fingerprint as the record keeps it: a source fetched from an object store is named by its URL (the
+    objects of a scene read in place, every file of an ENVI or Landsat scene, are fingerprinted by URL already)."""
     if inp.url is not None and entry["path"] == str(inp.path.resolve()):
         return {**entry, "path": inp.url}
     return entry

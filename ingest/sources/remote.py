@@ -49,7 +49,7 @@ _SIDECARS = (".aux.xml", ".ovr", ".txt", ".md", ".json", ".xml", ".html", ".pdf"
 _MAX_OBJECTS = 100_000  # a prefix listing this long is not a folder of scenes
 
 #: Whether an object exists: a key of the listing at hand, or a HEAD for a URL named on its own.
-Exists = Callable[[Path], bool]
+_Exists = Callable[[Path], bool]
 
 
 def gdal_path(url: str) -> Path:
@@ -57,12 +57,12 @@ def gdal_path(url: str) -> Path:
     return Path(gdal_vsi_path(url))
 
 
-def _envi(header: Path, exists: Exists) -> SceneInput:
+def _envi(header: Path, exists: _Exists) -> SceneInput:
     data = next((c for c in envi_data_candidates(header) if exists(c)), None)
     return SceneInput(path=header, kind=SceneKind.ENVI, data=data, url=url_of_gdal_path(header))
 
 
-def _scene(url: str, explicit: bool, exists: Exists) -> SceneInput | None:
+def _scene(url: str, explicit: bool, exists: _Exists) -> SceneInput | None:
     """The scene an object is, in the order local discovery decides (MTL, ENVI header, ENVI data, ...);
     ``None`` for an object of a listing that is part of another scene or a sidecar."""
     path = gdal_path(url)
@@ -107,9 +107,9 @@ def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInp
                            problem=f"{exc}; rename that object, or name the scenes below this prefix one by one")]
 
 
-def _objects(url: str, prefix: Store) -> list[Path | SceneInput]:
-    """GDAL's names of the objects below ``prefix`` in key order; those that cannot be scenes as problems."""
-    out: list[Path | SceneInput] = []
+def _objects(url: str, prefix: Store) -> list[str | SceneInput]:
+    """The URLs of the objects below ``prefix`` in key order; those that cannot be scenes as problems."""
+    out: list[str | SceneInput] = []
     for n, obj in enumerate(prefix.list()):
         if n >= _MAX_OBJECTS:
             out.append(SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
@@ -117,7 +117,7 @@ def _objects(url: str, prefix: Store) -> list[Path | SceneInput]:
                                           "narrower prefix"))
             break
         try:
-            out.append(gdal_path(prefix.url_of(obj.key)))
+            out.append(prefix.url_of(obj.key))
         except StorageError:  # a key cubelake would not write or read (control characters, '..' parts)
             out.append(SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=f"{url.rstrip('/')}/{obj.key!r}",
                                   problem=f"{url.rstrip('/')}/{obj.key!r}: an object key with control characters "
@@ -144,15 +144,19 @@ def _landsat_bands(paths: list[Path]) -> set[Path]:
 
 def _listed(url: str, prefix: Store) -> list[SceneInput]:
     entries = _objects(url, prefix)
-    paths = [e for e in entries if isinstance(e, Path)]
-    present = {str(p) for p in paths}
-    consumed = _landsat_bands(paths)
+    paths = {e: gdal_path(e) for e in entries if isinstance(e, str)}
+    present = {str(p) for p in paths.values()}
+
+    def listed(p: Path) -> bool:
+        return str(p) in present
+
+    consumed = _landsat_bands(list(paths.values()))
     out: list[SceneInput] = []
     for e in entries:
         if isinstance(e, SceneInput):
             out.append(e)
             continue
-        scene = None if e in consumed else _scene(str(url_of_gdal_path(e)), False, lambda p: str(p) in present)
+        scene = None if paths[e] in consumed else _scene(e, False, listed)
         if scene is not None:
             out.append(scene)
     if not out:
@@ -163,8 +167,9 @@ def _listed(url: str, prefix: Store) -> list[SceneInput]:
 
 @contextlib.contextmanager
 def remote_input(inp: SceneInput, options: S3Options | None = None) -> Iterator[SceneInput]:
-    """The scene ready to read: GDAL's S3 settings set for a GeoTIFF read in place; a MATLAB file (which
-    needs random access over all of it) streamed to a local temporary file, removed afterwards."""
+    """The scene ready to read: GDAL's S3 settings set for a scene read in place (GeoTIFF, ENVI, Landsat);
+    a MATLAB file (which needs random access over all of it) streamed to a local temporary file, removed
+    afterwards."""
     if inp.url is None:
         yield inp
         return
