@@ -43,12 +43,14 @@ __all__ = [
     "StorageError",
     "Store",
     "check_fork_safe",
+    "gdal_vsi_path",
     "is_url",
     "join_url",
     "object_at",
     "open_store",
     "parent_url",
     "split_url",
+    "url_of_gdal_path",
 ]
 
 _MULTIPART_CHUNK = 8 * 1024 * 1024  # a put of a file streams in parts of this size (bounded memory)
@@ -99,6 +101,23 @@ def is_url(location: str | os.PathLike[str]) -> bool:
     """Whether a location names an object store (``s3://``, ``memory://`` ...), not a local path."""
     s = str(location)
     return "://" in s and split_url(s)[0] != "file"
+
+
+_GDAL_S3 = "/vsis3/"
+
+
+def gdal_vsi_path(url: str) -> str:
+    """GDAL's name for an ``s3://bucket/key`` object: ``/vsis3/bucket/key`` (read by range requests)."""
+    scheme, where = split_url(url)
+    if scheme != "s3":
+        raise ValueError(f"{url}: only s3:// objects have a GDAL /vsis3/ name; give an s3:// URL")
+    return _GDAL_S3 + where
+
+
+def url_of_gdal_path(path: str | os.PathLike[str]) -> str | None:
+    """The ``s3://`` URL of GDAL's ``/vsis3/bucket/key`` name; ``None`` for any other path (a local file)."""
+    s = os.fspath(path)
+    return "s3://" + s[len(_GDAL_S3):] if s.startswith(_GDAL_S3) else None
 
 
 def join_url(root: str, *keys: str) -> str:

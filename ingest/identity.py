@@ -19,6 +19,7 @@ from typing import Any
 from cubelake.hashing import file_blake3
 from cubelake.lake import AnyLake, safe_scene_id
 from cubelake.record import SceneRecord, SourceFile
+from cubelake.storage import object_at, url_of_gdal_path
 
 from .sources import SceneInput, SceneKind
 from .sources.envi import DATA_EXTENSIONS
@@ -49,8 +50,9 @@ def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> 
         known = {f.path: f for f in previous.source.files}
     out = []
     for f in files:
-        if str(f).startswith("/vsis3/"):
-            out.append(_remote_fingerprint(str(f)))
+        url = url_of_gdal_path(f)
+        if url is not None:
+            out.append(_remote_fingerprint(url))
             continue
         p = Path(f).resolve()
         st = p.stat()
@@ -63,10 +65,7 @@ def fingerprint_files(files: list[str], previous: SceneRecord | None = None) -> 
     return out
 
 
-def _remote_fingerprint(vsi_path: str) -> FileFingerprint:
-    from cubelake.storage import object_at
-
-    url = "s3://" + vsi_path.removeprefix("/vsis3/")
+def _remote_fingerprint(url: str) -> FileFingerprint:
     store, key = object_at(url)
     head = store.head(key)
     return FileFingerprint(url, head.size, 0, None, head.etag or f"size-{head.size}")

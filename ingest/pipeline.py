@@ -65,7 +65,7 @@ from cubelake.refs.api import stat_target
 from cubelake.refs.build import reference_tiff
 from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
 from cubelake.refs.layout import TiffLayout, read_layout
-from cubelake.storage import join_url
+from cubelake.storage import join_url, url_of_gdal_path
 
 from .acqtime import AcquisitionTime, acquisition_time
 from .cog_writer import CogSettings, CogSink, dataset_tags
@@ -89,6 +89,7 @@ from .sources import (
     SceneMetadata,
     SourceOptions,
     discover,
+    display_name,
     open_source,
 )
 from .sources.remote import remote_input
@@ -186,7 +187,7 @@ class IngestResult:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
-def _open_error(path: Path, exc: Exception) -> Issue:
+def _open_error(path: str, exc: Exception) -> Issue:
     if isinstance(exc, SceneNotFoundError):
         return error(Code.NOT_FOUND, str(exc))
     if isinstance(exc, ContentMismatchError):
@@ -195,7 +196,7 @@ def _open_error(path: Path, exc: Exception) -> Issue:
         return error(Code.NOT_A_RASTER, str(exc))
     if isinstance(exc, NoCubeError):
         return error(Code.NO_CUBE, str(exc))
-    return error(Code.UNREADABLE, str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+    return error(Code.UNREADABLE, str(exc) if path in str(exc) else f"{path}: {exc}")
 
 
 _KIND_NAMES = {
@@ -219,14 +220,14 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
     try:
         source = open_source(inp, _source_options(options))
     except CubelakeError as exc:
-        report.extend([_open_error(inp.path, exc)])
+        report.extend([_open_error(inp.name, exc)])
         return _Opened(None, report)
     except MemoryError as exc:  # a hostile header can make a reader over-allocate
-        report.extend([error(Code.TOO_LARGE, f"{inp.path}: reading the header ran out of memory ({exc})")])
+        report.extend([error(Code.TOO_LARGE, f"{inp.name}: reading the header ran out of memory ({exc})")])
         return _Opened(None, report)
     except Exception as exc:  # third-party parsers (GDAL, h5py, scipy) raise almost anything on damaged files
-        log.debug("opening %s failed", inp.path, exc_info=True)
-        report.extend([error(Code.UNREADABLE, f"{inp.path}: the {inp.kind.value} reader cannot read this file "
+        log.debug("opening %s failed", inp.name, exc_info=True)
+        report.extend([error(Code.UNREADABLE, f"{inp.name}: the {inp.kind.value} reader cannot read this file "
                                               f"({type(exc).__name__}: {exc}); it is damaged or not a "
                                               f"{_KIND_NAMES[inp.kind]}. Re-copy it, or check it opens in its own tools")])
         return _Opened(None, report)
@@ -235,7 +236,7 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
     report.extend(meta.issues)
     if inp.kind is SceneKind.ENVI and inp.data is None:
         report.extend([error(Code.DATA_FILE_MISSING,
-                             f"{inp.path}: the ENVI header's data file is missing (looked for the header name "
+                             f"{inp.name}: the ENVI header's data file is missing (looked for the header name "
                              "without .hdr, and with .img/.dat/.bsq/.bil/.bip/.raw); put it next to the header")])
     report.extend(check_dimensions(meta, options.limits))
     if any(i.code in (Code.TOO_LARGE, Code.BAD_DIMENSIONS) for i in report.errors):
@@ -326,8 +327,8 @@ def iter_validate(paths: Sequence[str | Path], options: IngestOptions | None = N
             yield validate_scene(scene, options, progress)
         except Exception as exc:  # reported and counted, like a failed ingest; traceback with -vv
             log.debug("validating %s failed", scene.path, exc_info=True)
-            report = ValidationReport(path=str(scene.path))
-            report.extend([error(Code.UNREADABLE, f"{scene.path}: validation failed ({type(exc).__name__}: {exc}); "
+            report = ValidationReport(path=scene.name)
+            report.extend([error(Code.UNREADABLE, f"{scene.name}: validation failed ({type(exc).__name__}: {exc}); "
                                                   "run again with -vv for the details")])
             yield report
 
@@ -568,7 +569,7 @@ def _refs_plan(opened: _Opened, options: IngestOptions, local_lake: bool = True)
     meta = opened.source.meta
     if not local_lake:
         return _RefsPlan(False, "the lake is on an object store: its references point inside it, at its own COG")
-    if str(meta.files[0]).startswith("/vsis3/"):
+    if url_of_gdal_path(meta.files[0]) is not None:
         return _RefsPlan(False, "the source is on an object store: the lake's references point at its own COG")
     if meta.format != "GTiff" or len(meta.files) != 1:
         return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
@@ -652,7 +653,7 @@ def _cube_spec(plan: ScenePlan, meta: SceneMetadata, scene_id: str, cfg_hash: st
         encoding=cal.encoding,
         transform=meta.transform,
         crs_wkt=meta.crs_wkt,
-        attrs={"cubelake:scene_id": scene_id, "cubelake:source": meta.path,
+        attrs={"cubelake:scene_id": scene_id, "cubelake:source": display_name(meta.path),
                "cubelake:config_hash": cfg_hash, "cubelake:version": __version__,
                **({"cubelake:datetime": meta.datetime} if meta.datetime else {})},
         data_attrs=data_attrs,
@@ -846,7 +847,8 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
 
 
 def _source_file(inp: SceneInput, entry: dict[str, Any]) -> dict[str, Any]:
-    """A fingerprint as the record keeps it: a source fetched from an object store is named by its URL."""
+    """A fingerprint as the record keeps it: a source fetched from an object store is named by its URL (the
+    objects of a scene read in place, every file of an ENVI or Landsat scene, are fingerprinted by URL already)."""
     if inp.url is not None and entry["path"] == str(inp.path.resolve()):
         return {**entry, "path": inp.url}
     return entry

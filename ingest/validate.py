@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import tifffile
 
 from .report import Code, Issue, error, warning
-from .sources import SceneMetadata
+from .sources import SceneMetadata, file_size, is_regular_file
 from .spectral import format_band_ranges
 from .stats import ScanStats
 
@@ -62,7 +61,7 @@ def check_dimensions(meta: SceneMetadata, limits: Limits) -> list[Issue]:
         itemsize = 8
     decoded = h * w * n * itemsize
     if decoded > limits.max_bytes:
-        on_disk = sum(os.path.getsize(f) for f in meta.files if os.path.isfile(f))
+        on_disk = sum(file_size(f) for f in meta.files if is_regular_file(f))  # objects: one HEAD each
         issues.append(
             error(
                 Code.TOO_LARGE,

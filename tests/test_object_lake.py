@@ -481,7 +481,7 @@ def test_cli_show_reindex_and_refs_check_on_the_object_lake(lakes: Lakes, tmp_pa
 
 
 def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: str, tmp_path: Path) -> None:
-    """``cubelake ingest s3://…/`` reads GeoTIFFs by range requests; other formats are refused by name."""
+    """``cubelake ingest s3://…/`` reads GeoTIFFs by range requests; formats it cannot read there are refused by name."""
     client = lakes.server.client()
     tiles = sorted((REAL / "hsi_enmap_potsdam").glob("enmap_potsdam_tile_*.tif"))
     for f in tiles:
@@ -489,14 +489,14 @@ def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: 
     client.upload_file(str(REAL / "bad_inputs" / "rasterio" / "corrupt.tif"), s3_bucket, "archive/corrupt.tif")
     client.upload_file(str(REAL / "hsi_samson" / "samson_1.mat"), s3_bucket, "archive/samson_1.mat")
     client.put_object(Bucket=s3_bucket, Key="archive/notes.txt", Body=b"sidecar text")
-    client.put_object(Bucket=s3_bucket, Key="archive/cube.img", Body=b"\0" * 4096)
+    client.put_object(Bucket=s3_bucket, Key="archive/cube.nc", Body=b"\x89HDF\r\n\x1a\n" + b"\0" * 4088)
     env = s3_env(lakes.server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
     lake = tmp_path / "from-s3"
     res = run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr,refs", f"s3://{s3_bucket}/archive/", env=env)
     out = " ".join(no_traceback(res).split())
-    assert res.returncode == 1, out  # the corrupt TIFF and the raw .img are reported, the tiles and the MAT ingested
+    assert res.returncode == 1, out  # the corrupt TIFF and the NetCDF are reported, the tiles and the MAT ingested
     assert "5 ingested" in out
-    assert f"s3://{s3_bucket}/archive/cube.img: only GeoTIFF (read in place) and MATLAB (fetched) scenes" in out
+    assert f"s3://{s3_bucket}/archive/cube.nc: this format is not read from object stores" in out
     assert "corrupt.tif" in out
     assert "notes.txt" not in out  # a sidecar in a listed prefix is skipped, as in a local folder
     got = Lake(lake, create=False)
@@ -558,3 +558,170 @@ def test_hostile_object_keys_in_a_source_prefix_are_reported_not_fatal(lakes: La
     assert "rename that object, or name the scenes below this prefix one by one" in " ".join(out.split())
     assert "\x07" not in out  # control characters are escaped in what is printed
     assert Lake(tmp_path / "lake", create=False).scene_ids() == ["good"]
+
+
+# -- ENVI and Landsat sources on the object store ----------------------------------------------
+
+AVIRIS = REAL / "hsi_aviris_ng_isofit" / "small_chunk" / "ang20170323t202244_rdn_7000-7010"
+AVIRIS_HDR = AVIRIS.with_name(AVIRIS.name + ".hdr")
+LANDSAT5 = sorted((REAL / "landsat5_tm_rstoolbox").iterdir())  # the MTL and its 7 band GeoTIFFs
+L8_MTL = REAL / "landsat8_rio_toa" / "LC81390452014295LGN00_MTL.json"
+L8_BAND = REAL / "landsat8_rio_toa" / "tiny_LC81390452014295LGN00_B5.TIF"  # renamed: found by its name's end
+
+
+def _upload(server: S3Server, bucket: str, prefix: str, files: list[Path]) -> None:
+    client = server.client()
+    for f in files:
+        client.upload_file(str(f), bucket, f"{prefix}/{f.name}")
+
+
+def _results(res: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    """``--format json`` results of an ingest run, by source."""
+    no_traceback(res)
+    return {r["path"]: r for r in json.loads(res.stdout)["results"]}
+
+
+def test_file_helpers_answer_for_objects_as_for_files(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """The readers' file access (size, bounded read, existence, a folder's files) over /vsis3/ names and paths."""
+    from cubelake.errors import SceneReadError
+    from cubelake.ingest.sources import discover
+    from cubelake.ingest.sources._base import (
+        display_name,
+        file_size,
+        folder_files,
+        is_regular_file,
+        read_bounded,
+    )
+    from cubelake.storage import gdal_vsi_path, url_of_gdal_path
+
+    header = b"ENVI\nsamples = 2\n"
+    files = {"h/a.hdr": header, "h/big.txt": b"x" * 2048, "h/sub/deeper.hdr": header}
+    client = s3_server.client()
+    for key, body in files.items():
+        client.put_object(Bucket=s3_bucket, Key=key, Body=body)
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_bytes(body)
+    url = f"s3://{s3_bucket}/h/a.hdr"
+    assert gdal_vsi_path(url) == f"/vsis3/{s3_bucket}/h/a.hdr"
+    assert url_of_gdal_path(gdal_vsi_path(url)) == url
+    assert url_of_gdal_path(tmp_path / "h" / "a.hdr") is None
+    for folder in (Path(f"/vsis3/{s3_bucket}/h"), tmp_path / "h"):
+        where = display_name(folder)
+        assert where == (f"s3://{s3_bucket}/h" if str(folder).startswith("/vsis3/") else str(folder))
+        assert is_regular_file(folder / "a.hdr")
+        assert not is_regular_file(folder / "missing.hdr")
+        assert not is_regular_file(folder / "sub")  # a prefix or folder is no file
+        assert file_size(folder / "big.txt") == 2048
+        with pytest.raises(FileNotFoundError):
+            file_size(folder / "missing.hdr")
+        assert read_bounded(folder / "a.hdr", 1024, "an ENVI header") == header
+        with pytest.raises(SceneReadError, match=re.escape(f"{where}/big.txt: 2048 bytes is far larger than a "
+                                                           "Landsat MTL (at most 1024)")):
+            read_bounded(folder / "big.txt", 1024, "a Landsat MTL")
+        assert sorted(p.name for p in folder_files(folder)) == ["a.hdr", "big.txt"]  # not what is below sub/
+    # a header named on its own whose data object is missing is still an ENVI scene (reported when opened)
+    [lonely] = discover([url])
+    assert (lonely.kind, lonely.url, lonely.data) == ("envi", url, None)
+
+
+def test_a_prefix_groups_envi_and_landsat_objects_into_scenes(s3_server: S3Server, s3_bucket: str) -> None:
+    from cubelake.ingest.sources import SceneKind, discover
+
+    _upload(s3_server, s3_bucket, "sets", [AVIRIS, AVIRIS_HDR, *LANDSAT5, L8_MTL, L8_BAND])
+    s3_server.client().put_object(Bucket=s3_bucket, Key="sets/cube.nc", Body=b"\x89HDF\r\n\x1a\n")
+    base = f"s3://{s3_bucket}/sets"
+    scenes = discover([f"{base}/"])
+    # one scene per header and per MTL: the data object and the band objects are theirs, not scenes
+    assert [(s.kind, s.url) for s in scenes] == [  # in key order
+        (SceneKind.LANDSAT, f"{base}/{L8_MTL.name}"),
+        (SceneKind.LANDSAT, f"{base}/{LANDSAT5[-1].name}"),
+        (SceneKind.ENVI, f"{base}/{AVIRIS_HDR.name}"),
+        (SceneKind.SPECIAL, f"{base}/cube.nc"),
+    ]
+    envi = scenes[2]
+    assert (str(envi.path), str(envi.data)) == (f"/vsis3/{s3_bucket}/sets/{AVIRIS_HDR.name}",
+                                                f"/vsis3/{s3_bucket}/sets/{AVIRIS.name}")
+    assert "this format is not read from object stores" in (scenes[3].problem or "")
+    # named on their own: the header, the data object (its header is the scene) and the MTL
+    for named, scene in ((AVIRIS_HDR, envi), (AVIRIS, envi), (LANDSAT5[-1], scenes[1])):
+        assert discover([f"{base}/{named.name}"]) == [scene]
+
+
+def test_envi_and_landsat_sources_on_s3_ingest_like_local_files(s3_server: S3Server, s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """An ENVI pair and two Landsat MTL sets read in place from s3:// give the local lake's scenes and values."""
+    _upload(s3_server, s3_bucket, "sets", [AVIRIS, AVIRIS_HDR, *LANDSAT5, L8_MTL, L8_BAND])
+    local = Lake(tmp_path / "local")
+    done = ingest([AVIRIS_HDR, REAL / "landsat5_tm_rstoolbox", L8_MTL], local, IngestOptions(products=("zarr",)))
+    assert [r.outcome for r in done] == [Outcome.INGESTED] * 3, [r.message for r in done]
+    env = s3_env(s3_server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
+    lake = tmp_path / "from-s3"
+    base = f"s3://{s3_bucket}/sets"
+    cmd = ("ingest", "--lake", str(lake), "--products", "zarr", "--format", "json")
+    res = run_cli(*cmd, f"{base}/", env=env)
+    results = _results(res)
+    assert res.returncode == 0, results
+    assert {r["outcome"] for r in results.values()} == {"ingested"}
+    got = Lake(lake, create=False)
+    assert got.scene_ids() == local.scene_ids()
+    assert len(got.scene_ids()) == 3
+    for sid in local.scene_ids():
+        here, there = local.scene_record(sid), got.scene_record(sid)
+        assert here is not None
+        assert there is not None
+        np.testing.assert_array_equal(zarr_data(got.scene_dir(sid) / f"{sid}.zarr"),
+                                      zarr_data(local.scene_dir(sid) / f"{sid}.zarr"))
+        assert there.source.path == f"{base}/{Path(here.source.path).name}"
+        assert [f.path for f in there.source.files] == [f"{base}/{Path(f.path).name}" for f in here.source.files]
+        assert all(f.model_dump()["etag"] and f.size == g.size for f, g in zip(there.source.files, here.source.files,
+                                                                               strict=True))
+        assert len(there.source.files) in (2, 3, 8)  # header + data; MTL + its band(s)
+        # the same calibration (Landsat radiance/TOA coefficients from the MTL), bands, grid, time and tags
+        for part in ("calibration", "bands", "grid", "acquisition", "tags", "encoding", "profile"):
+            assert getattr(there, part) == getattr(here, part), (sid, part)
+        assert [w.code for w in there.validation.warnings] == [w.code for w in here.validation.warnings]
+    # the header and the data object named again: the header's scene, once
+    again = run_cli(*cmd, f"{base}/", f"{base}/{AVIRIS_HDR.name}", f"{base}/{AVIRIS.name}", env=env)
+    no_traceback(again)
+    assert [r["outcome"] for r in json.loads(again.stdout)["results"]] == ["unchanged"] * 3
+    client = s3_server.client()
+    flipped = AVIRIS.read_bytes()[::-1]  # new content, same size, under the same key
+    client.put_object(Bucket=s3_bucket, Key=f"sets/{AVIRIS.name}", Body=flipped)
+    changed = _results(run_cli(*cmd, f"{base}/", env=env))
+    assert changed[f"{base}/{AVIRIS_HDR.name}"]["outcome"] == "ingested"
+    assert sorted(r["outcome"] for r in changed.values()) == ["ingested", "unchanged", "unchanged"]
+
+
+def test_broken_envi_and_landsat_sets_on_s3_are_reported_by_url(s3_server: S3Server, s3_bucket: str,
+                                                                 tmp_path: Path) -> None:
+    """A header without its data object, a truncated data object, an MTL missing a band: as locally, by URL."""
+    client = s3_server.client()
+    base = f"s3://{s3_bucket}/broken"
+    header = AVIRIS_HDR.read_bytes()
+    client.put_object(Bucket=s3_bucket, Key="broken/lonely.hdr", Body=header)
+    client.put_object(Bucket=s3_bucket, Key="broken/short.hdr", Body=header)
+    client.put_object(Bucket=s3_bucket, Key="broken/short.img", Body=AVIRIS.read_bytes()[:100_000])
+    _upload(s3_server, s3_bucket, "broken", [f for f in LANDSAT5 if not f.name.endswith("_B7.TIF")])
+    env = s3_env(s3_server, tmp_path / "cache")
+    res = run_cli("ingest", "--lake", str(tmp_path / "lake"), "--products", "zarr", "--format", "json",
+                  f"{base}/", env=env)
+    results = _results(res)
+    assert res.returncode == 1, results
+    lonely, short = results[f"{base}/lonely.hdr"], results[f"{base}/short.hdr"]
+    assert lonely["outcome"] == short["outcome"] == "rejected"
+    assert [e["code"] for e in lonely["errors"]] == ["data_file_missing"]
+    assert lonely["errors"][0]["message"].startswith(f"{base}/lonely.hdr: the ENVI header's data file is missing")
+    [truncated] = [e for e in short["errors"] if e["code"] == "truncated"]
+    assert truncated["where"] == f"{base}/short.img"
+    assert "70000 bytes are missing" in truncated["message"]
+    landsat = results[f"{base}/{LANDSAT5[-1].name}"]
+    assert landsat["outcome"] == "ingested"  # the other scenes are still ingested
+    [missing] = [w for w in landsat["warnings"] if w["code"] == "bands_missing"]
+    assert f"band(s) B7 listed in the MTL are not in {base};" in missing["message"]
+    assert missing["where"] == f"{base}/{LANDSAT5[-1].name}"
+    rec = Lake(tmp_path / "lake", create=False).scene_record(landsat["scene_id"])
+    assert rec is not None
+    assert len(rec.source.files) == 7  # the MTL and the six bands there are
+    text = run_cli("ingest", "--lake", str(tmp_path / "lake2"), "--products", "zarr", f"{base}/", env=env)
+    assert text.returncode == 1
+    assert "1 ingested" in no_traceback(text)

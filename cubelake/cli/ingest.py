@@ -132,7 +132,7 @@ def _render_summary(out: Console, results: list[IngestResult]) -> None:
 
 
 def ingest_cmd(
-    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// GeoTIFFs and prefixes."),
+    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB)."),
     lake: str = typer.Option("lake", "--lake", "-l", envvar="CUBELAKE_LAKE",
                              help="Lake folder or object-store URL, e.g. s3://bucket/prefix (created if new)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
@@ -185,7 +185,7 @@ def ingest_cmd(
 
 
 def validate_cmd(
-    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// GeoTIFFs and prefixes."),
+    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
     chunk: int | None = typer.Option(None, "--chunk", help="Read window size, pixels."),
     variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),

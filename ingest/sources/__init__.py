@@ -30,6 +30,8 @@ from ._base import (
     RasterSource,
     SceneMetadata,
     block_grid,
+    display_name,
+    file_size,
     is_folder,
     is_regular_file,
 )
@@ -48,7 +50,10 @@ __all__ = [
     "SourceOptions",
     "block_grid",
     "discover",
+    "display_name",
+    "file_size",
     "is_lake",
+    "is_regular_file",
     "open_source",
 ]
 
@@ -229,7 +234,7 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None,
 
         local = discover([p for p in paths if not is_url(str(p))], labels=labels, skip=skip) \
             if len(remote) < len(paths) else []
-        return local + [s for url in remote for s in discover_remote(url)]
+        return local + _once([s for url in remote for s in discover_remote(url)])
     entries = _expand((Path(p) for p in paths), [Path(r).resolve() for r in skip])
     files = [e for e in entries if isinstance(e, tuple)]
     problems = {f: _path_problem(f) for f, _ in files}
@@ -261,6 +266,18 @@ def discover(paths: Sequence[str | Path], *, labels: str | Path | None = None,
         label = Path(labels) if labels is not None else _label_for(data or f)
         scenes.append(SceneInput(path=f, kind=kind, labels=label, data=data))
     return scenes
+
+
+def _once(scenes: list[SceneInput]) -> list[SceneInput]:
+    """Each object-store scene once, as locally: a header may be named on its own and again through its
+    prefix or its data object."""
+    seen: set[str | None] = set()
+    out = []
+    for s in scenes:
+        if s.url not in seen:
+            out.append(s)
+            seen.add(s.url)
+    return out
 
 
 def _is_sidecar(f: Path) -> bool:

@@ -1,4 +1,10 @@
-"""What every scene reader provides: metadata up front, then windowed reads of ``(band, y, x)``."""
+"""What every scene reader provides: metadata up front, then windowed reads of ``(band, y, x)``.
+
+Readers take paths: a local file, or GDAL's ``/vsis3/bucket/key`` name for an object (pixels are
+read by GDAL's range requests). The small file helpers here answer for both, so a reader needs
+no second code path: the object-store side goes through :mod:`cubelake.storage` (HEAD, ranged
+GET, one delimiter listing), never a whole-object download.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +12,113 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from cubelake.errors import SceneReadError
 from cubelake.grid import ChunkGrid, Window
+from cubelake.storage import ObjectInfo, ObjectNotFound, object_at, open_store, url_of_gdal_path
 
 from ..report import Issue
 
-__all__ = ["BandInfo", "FileCalibration", "RasterSource", "SceneMetadata", "block_grid", "is_folder", "is_regular_file"]
+__all__ = [
+    "BandInfo",
+    "FileCalibration",
+    "RasterSource",
+    "SceneMetadata",
+    "block_grid",
+    "display_name",
+    "file_size",
+    "folder_files",
+    "is_folder",
+    "is_regular_file",
+    "read_bounded",
+]
+
+PathLike = os.PathLike[str] | str
 
 
-def _mode(path: os.PathLike[str] | str) -> int | None:
+def display_name(path: PathLike) -> str:
+    """What messages call a file: the ``s3://`` URL of a ``/vsis3/`` name, else the path."""
+    return url_of_gdal_path(path) or str(path)
+
+
+def _head(url: str) -> ObjectInfo:
+    store, key = object_at(url)
+    return store.head(key)
+
+
+def _mode(path: PathLike) -> int | None:
     try:
         return os.stat(path).st_mode
     except (OSError, ValueError):  # missing, a name too long, a link loop, a NUL byte: not a file to read
         return None
 
 
-def is_regular_file(path: os.PathLike[str] | str) -> bool:
-    """Whether ``path`` is (or links to) a regular file; never raises, never true for a FIFO or device."""
+def is_regular_file(path: PathLike) -> bool:
+    """Whether ``path`` is (or links to) a regular file, or names an existing object; never true for a FIFO
+    or device. Raises only for an object store that cannot answer (:class:`~cubelake.storage.StorageError`)."""
+    url = url_of_gdal_path(path)
+    if url is not None:
+        try:
+            _head(url)
+        except ObjectNotFound:
+            return False
+        return True
     mode = _mode(path)
     return mode is not None and stat.S_ISREG(mode)
 
 
-def is_folder(path: os.PathLike[str] | str) -> bool:
+def is_folder(path: PathLike) -> bool:
     """Whether ``path`` is (or links to) a directory; never raises."""
     mode = _mode(path)
     return mode is not None and stat.S_ISDIR(mode)
+
+
+def file_size(path: PathLike) -> int:
+    """The size of a file or object in bytes (an object's from one HEAD). Raises ``OSError`` when missing."""
+    url = url_of_gdal_path(path)
+    return _head(url).size if url is not None else os.stat(path).st_size
+
+
+def read_bounded(path: PathLike, limit: int, what: str) -> bytes:
+    """All bytes of a small file or object, refused (:class:`SceneReadError`) when it is over ``limit`` bytes.
+
+    ``what`` names the kind of file in that message (e.g. ``"an ENVI header"``). An object is read by one
+    ranged GET of the size its HEAD gave, so an object replaced by a larger one in between is not read whole.
+    Raises ``OSError`` (a :class:`~cubelake.storage.StorageError` for objects) when it cannot be read.
+    """
+    url = url_of_gdal_path(path)
+    if url is None:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device could block forever
+            raise SceneReadError(f"{path}: not a regular file; give {what} as a file")
+        _check_size(path, st.st_size, limit, what)
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)  # the file may have grown since stat
+        _check_size(path, len(data), limit, what)
+        return data
+    store, key = object_at(url)
+    size = store.head(key).size
+    _check_size(path, size, limit, what)
+    return bytes(store.get_ranges(key, [0], [size])[0]) if size else b""
+
+
+def _check_size(path: PathLike, size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise SceneReadError(f"{display_name(path)}: {size} bytes is far larger than {what} (at most {limit}); "
+                             f"this is not {what}")
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The regular files (or objects) directly in ``folder`` (a ``/vsis3/`` prefix: one delimiter listing)."""
+    url = url_of_gdal_path(folder)
+    if url is None:
+        return [p for p in folder.iterdir() if is_regular_file(p)]
+    _, objects = open_store(url).list_dirs()
+    return [folder / o.key.rsplit("/", 1)[-1] for o in objects]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,15 @@
 The header is parsed here rather than through GDAL because GDAL only parses it when the
 data file exists and opens; a header whose data file is missing or short must still be
 validated (wavelengths, sizes) and reported. Pixels are read through GDAL's ENVI driver.
+
+The header and data file may be objects (GDAL ``/vsis3/`` names): the header is then read by one
+bounded ranged GET, the data file's size by a HEAD, and pixels by GDAL's range requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,16 +20,28 @@ import numpy as np
 
 from cubelake.errors import SceneReadError
 from cubelake.grid import Window
+from cubelake.storage import url_of_gdal_path
 
 from ..report import Code, Issue, error, warning
 from ..spectral import parse_float_list, parse_wavelength_text, unit_factor_to_nm
-from ._base import BandInfo, FileCalibration, RasterSource, SceneMetadata, is_regular_file
-from .gdal import open_gdal
+from ._base import (
+    BandInfo,
+    FileCalibration,
+    RasterSource,
+    SceneMetadata,
+    display_name,
+    file_size,
+    is_regular_file,
+    read_bounded,
+)
+from .gdal import GdalSource, open_gdal
 
 __all__ = [
     "DATA_EXTENSIONS",
     "ENVI_DTYPES",
     "MetadataOnlySource",
+    "envi_data_candidates",
+    "envi_header_candidates",
     "find_envi_data_file",
     "find_envi_header",
     "open_envi",
@@ -77,23 +91,27 @@ def parse_envi_header(text: str, path: str) -> dict[str, str]:
     return fields
 
 
+def envi_header_candidates(data_path: Path) -> list[Path]:
+    """The names a data file's header may have, in the order looked for: ``x.img.hdr``, then ``x.hdr``."""
+    return [c for c in (data_path.with_name(data_path.name + ".hdr"), data_path.with_suffix(".hdr")) if c != data_path]
+
+
+def envi_data_candidates(header: Path) -> list[Path]:
+    """The names a header's data file may have, in the order looked for (``x``, ``x.img``, ... ``x.IMG``, ...)."""
+    stem = header.with_suffix("")
+    return [Path(str(stem) + ext) for ext in DATA_EXTENSIONS] + [stem.with_suffix(ext.upper())
+                                                                  for ext in DATA_EXTENSIONS if ext]
+
+
 def find_envi_header(data_path: Path) -> Path | None:
     """The header of a data file: ``x.hdr`` for ``x`` or ``x.img`` -> ``x.hdr`` or ``x.img.hdr``."""
-    for cand in (data_path.with_name(data_path.name + ".hdr"), data_path.with_suffix(".hdr")):
-        if is_regular_file(cand) and cand != data_path:
-            return cand
-    return None
+    return next((c for c in envi_header_candidates(data_path) if is_regular_file(c)), None)
 
 
 def find_envi_data_file(header: Path) -> tuple[Path | None, list[Path]]:
     """The data file of a header and the candidate names looked for."""
-    stem = header.with_suffix("")
-    candidates = [Path(str(stem) + ext) for ext in DATA_EXTENSIONS]
-    candidates += [stem.with_suffix(ext.upper()) for ext in DATA_EXTENSIONS if ext]
-    for cand in candidates:
-        if is_regular_file(cand):
-            return cand, candidates
-    return None, candidates
+    candidates = envi_data_candidates(header)
+    return next((c for c in candidates if is_regular_file(c)), None), candidates
 
 
 class MetadataOnlySource:
@@ -205,16 +223,14 @@ def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) 
 
 
 def _read_header(header: Path) -> dict[str, str]:
-    hpath = str(header)
+    hpath = display_name(header)
     try:
-        size = header.stat().st_size
-        if size > HEADER_MAX_BYTES:
-            raise SceneReadError(f"{hpath}: {size} bytes is far larger than an ENVI header (at most "
-                                 f"{HEADER_MAX_BYTES}); this is not a header")
-        text = header.read_text(encoding="latin-1")
+        raw = read_bounded(header, HEADER_MAX_BYTES, "an ENVI header")
+    except SceneReadError:
+        raise
     except OSError as exc:
         raise SceneReadError(f"{hpath}: cannot read the ENVI header: {exc.strerror or exc}") from exc
-    return parse_envi_header(text, hpath)
+    return parse_envi_header(raw.decode("latin-1"), hpath)
 
 
 def _layout_issues(fields: dict[str, str], hpath: str) -> list[Issue]:
@@ -265,13 +281,13 @@ def _gains(fields: dict[str, str], nb: int, hpath: str, issues: list[Issue]) -> 
 
 def _size_issue(data: Path, expected: int, shape: str) -> Issue | None:
     """An error when the data file's size is not the one the header describes (short or long)."""
-    actual = os.path.getsize(data)
+    actual = file_size(data)
     if actual < expected:
         return error(
             Code.TRUNCATED,
             f"data file is {actual} bytes but the header ({shape}) needs {expected}; {expected - actual} bytes are "
             "missing (incomplete copy or download?)",
-            where=str(data),
+            where=display_name(data),
         )
     if actual > expected:
         return error(
@@ -279,14 +295,27 @@ def _size_issue(data: Path, expected: int, shape: str) -> Issue | None:
             f"data file is {actual} bytes but the header ({shape}) describes {expected}: {actual - expected} bytes "
             "more, so samples/lines/bands/data type/header offset do not describe this file and pixels would be "
             "read from the wrong places. Fix the header",
-            where=str(data),
+            where=display_name(data),
         )
     return None
 
 
+#: GDAL's ENVI driver looks for the header among the files next to the data file. ``S3Options.gdal_env()``
+#: sets ``GDAL_DISABLE_READDIR_ON_OPEN=EMPTY_DIR`` (no listing of a possibly huge prefix per open), which
+#: tells the driver that folder is empty, so it finds no header and does not recognise the file; ``TRUE``
+#: makes it probe the header's names by HEAD instead. Only ENVI data objects are opened so.
+_REMOTE_ENVI_GDAL_CONFIG = {"GDAL_DISABLE_READDIR_ON_OPEN": "TRUE"}
+
+
+def _open_data(data: Path) -> GdalSource:
+    if url_of_gdal_path(data) is None:
+        return open_gdal(data)
+    return open_gdal(data, config=_REMOTE_ENVI_GDAL_CONFIG)
+
+
 def open_envi(header: Path, data: Path | None) -> RasterSource:
-    """Open an ENVI scene from its header (and data file, if found)."""
-    hpath = str(header)
+    """Open an ENVI scene from its header (and data file, if found; either may be a ``/vsis3/`` name)."""
+    hpath = display_name(header)
     fields = _read_header(header)
     issues: list[Issue] = _layout_issues(fields, hpath)
     samples = _int(fields, "samples", hpath)
@@ -306,7 +335,7 @@ def open_envi(header: Path, data: Path | None) -> RasterSource:
     interleave = fields.get("interleave", "bsq").strip().lower()
     meta = SceneMetadata(
         path=hpath,
-        files=(hpath,) if data is None else (hpath, str(data)),
+        files=(str(header),) if data is None else (str(header), str(data)),
         format="ENVI",
         count=nb,
         height=lines,
@@ -328,7 +357,7 @@ def open_envi(header: Path, data: Path | None) -> RasterSource:
     wrong = _size_issue(data, expected, f"{samples}x{lines}x{nb} {dtype}, offset {offset}")
     if wrong is not None:
         return MetadataOnlySource(dataclasses.replace(meta, issues=(*meta.issues, wrong)))
-    src = open_gdal(data)
+    src = _open_data(data)
     g = src.meta
     # GDAL supplies grid, georeferencing and layout; the header supplies the spectral metadata.
     merged = dataclasses.replace(

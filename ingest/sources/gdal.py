@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from cubelake.grid import Window
 
 from ..report import Code, Issue, error, warning
 from ..spectral import parse_wavelength_text, unit_factor_to_nm
-from ._base import BandInfo, FileCalibration, SceneMetadata, block_grid
+from ._base import BandInfo, FileCalibration, SceneMetadata, block_grid, display_name
 
 __all__ = ["GDAL_READ_OPTIONS", "GdalSource", "gdal_error_text", "open_gdal"]
 
@@ -63,10 +63,12 @@ def _open(path: str) -> rasterio.io.DatasetReader:
 class GdalSource:
     """A scene read through GDAL. ``band_map[k] = (file_index, band_number)`` for output band k."""
 
-    def __init__(self, meta: SceneMetadata, paths: Sequence[str], band_map: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, meta: SceneMetadata, paths: Sequence[str], band_map: Sequence[tuple[int, int]],
+                 config: Mapping[str, str] | None = None) -> None:
         self._meta = meta
         self._paths = list(paths)
         self._band_map = list(band_map)
+        self._config = dict(config or {})  # GDAL options for opening these files (each worker opens its own)
         self._local = threading.local()
         self._all: list[rasterio.io.DatasetReader] = []
         self._lock = threading.Lock()
@@ -77,12 +79,12 @@ class GdalSource:
 
     def with_meta(self, meta: SceneMetadata) -> GdalSource:
         """The same pixels described by other metadata (e.g. an ENVI header's spectral fields)."""
-        return GdalSource(meta, self._paths, self._band_map)
+        return GdalSource(meta, self._paths, self._band_map, self._config)
 
     def _handles(self) -> list[rasterio.io.DatasetReader]:
         handles = getattr(self._local, "handles", None)
         if handles is None:
-            with rasterio.Env(**GDAL_READ_OPTIONS):
+            with rasterio.Env(**GDAL_READ_OPTIONS, **self._config):
                 handles = [_open(p) for p in self._paths]
             self._local.handles = handles
             with self._lock:
@@ -216,26 +218,28 @@ def describe_dataset(ds: rasterio.io.DatasetReader, path: str) -> dict[str, Any]
     }
 
 
-def open_gdal(path: str | Path, *, band_files: Sequence[str] | None = None) -> GdalSource:
+def open_gdal(path: str | Path, *, band_files: Sequence[str] | None = None,
+              config: Mapping[str, str] | None = None) -> GdalSource:
     """Open a scene with GDAL. With ``band_files``, stack those single-band files instead.
 
+    ``config``: GDAL configuration options for opening the files, here and in every worker thread.
     Raises :class:`SceneReadError` naming the file and GDAL's reason when it cannot be opened.
     """
     path = str(path)
     files = list(band_files) if band_files else [path]
     issues: list[Issue] = []
     try:
-        with rasterio.Env(**GDAL_READ_OPTIONS):
+        with rasterio.Env(**GDAL_READ_OPTIONS, **(config or {})):
             handles = [_open(f) for f in files]
     except RasterioIOError as exc:
-        raise SceneReadError(f"{path}: GDAL cannot open it: {gdal_error_text(exc)}") from exc
+        raise SceneReadError(f"{display_name(path)}: GDAL cannot open it: {gdal_error_text(exc)}") from exc
     try:
         first = handles[0]
         facts = describe_dataset(first, path)
         dtypes = {d for h in handles for d in h.dtypes}
         if len(dtypes) > 1:
             raise SceneReadError(
-                f"{path}: bands have mixed data types {sorted(dtypes)}; cubelake needs one dtype per scene "
+                f"{display_name(path)}: bands have mixed data types {sorted(dtypes)}; cubelake needs one dtype per scene "
                 "(split the bands into separate scenes or convert them with gdal_translate -ot)"
             )
         band_map: list[tuple[int, int]] = []
@@ -243,11 +247,11 @@ def open_gdal(path: str | Path, *, band_files: Sequence[str] | None = None) -> G
         for fi, h in enumerate(handles):
             if (h.height, h.width) != (first.height, first.width) or h.transform != first.transform:
                 raise SceneReadError(
-                    f"{files[fi]}: band file grid {h.height}x{h.width} {tuple(h.transform)[:6]} differs from "
-                    f"{files[0]} {first.height}x{first.width} {tuple(first.transform)[:6]}; stacked band files must share one grid"
+                    f"{display_name(files[fi])}: band file grid {h.height}x{h.width} {tuple(h.transform)[:6]} differs from "
+                    f"{display_name(files[0])} {first.height}x{first.width} {tuple(first.transform)[:6]}; stacked band files must share one grid"
                 )
             for b in range(1, h.count + 1):
-                info = _band_info(h, b, issues, files[fi])
+                info = _band_info(h, b, issues, display_name(files[fi]))
                 n = len(band_map) + 1
                 bands.append(BandInfo(n, info.name, info.wavelength_nm, info.fwhm_nm, info.flagged_bad))
                 band_map.append((fi, b))
@@ -285,4 +289,4 @@ def open_gdal(path: str | Path, *, band_files: Sequence[str] | None = None) -> G
     finally:
         for h in handles:
             h.close()
-    return GdalSource(meta, files, band_map)
+    return GdalSource(meta, files, band_map, config)

@@ -8,6 +8,9 @@ It carries the calibration the profiles use as a worked real case:
   (OLI), else ``ρ = π L d² / (ESUN × sin(θ_sun))`` with the TM ESUN table of Chander, Markham &
   Helder (2009), Remote Sens. Environ. 113, 893-903, Table 4. Both are linear in Q, so they are
   recorded as per-band gain/offset. Thermal bands have no reflectance (NaN coefficients).
+
+The MTL and its bands may be objects (GDAL ``/vsis3/`` names): the MTL is then read by one bounded
+ranged GET, a renamed band found by one listing of the MTL's prefix, and pixels by GDAL's range requests.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Collection, Iterable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,10 @@ from typing import Any
 from cubelake.errors import SceneReadError
 
 from ..report import Code, Issue, warning
-from ._base import FileCalibration, is_regular_file
+from ._base import FileCalibration, display_name, folder_files, is_regular_file, read_bounded
 from .gdal import GdalSource, open_gdal
 
-__all__ = ["ESUN_TM", "MTL_MAX_BYTES", "is_mtl", "mtl_band_files", "open_landsat", "parse_mtl"]
+__all__ = ["ESUN_TM", "MTL_MAX_BYTES", "band_file_among", "is_mtl", "mtl_band_files", "open_landsat", "parse_mtl"]
 
 #: Landsat 5 TM exoatmospheric solar irradiance, W/(m² µm) (Chander et al. 2009, Table 4).
 ESUN_TM: dict[int, float] = {1: 1983.0, 2: 1796.0, 3: 1536.0, 4: 1031.0, 5: 220.0, 7: 83.44}
@@ -44,17 +48,15 @@ def is_mtl(path: Path) -> bool:
 
 def _read_text(path: Path) -> str:
     try:
-        size = path.stat().st_size
-        if size > MTL_MAX_BYTES:
-            raise SceneReadError(f"{path}: {size} bytes is far larger than a Landsat MTL (at most {MTL_MAX_BYTES}); "
-                                 "this is not an MTL file")
-        raw = path.read_bytes()
+        raw = read_bounded(path, MTL_MAX_BYTES, "a Landsat MTL")
+    except SceneReadError:
+        raise
     except OSError as exc:
-        raise SceneReadError(f"{path}: cannot read the MTL: {exc.strerror or exc}") from exc
+        raise SceneReadError(f"{display_name(path)}: cannot read the MTL: {exc.strerror or exc}") from exc
     return raw.replace(b"\x00", b"").decode("utf-8", errors="replace")
 
 
-def _flatten_json(path: Path, raw: str) -> dict[str, Any]:
+def _flatten_json(path: str, raw: str) -> dict[str, Any]:
     try:
         tree = json.loads(raw)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -79,9 +81,10 @@ def _flatten_json(path: Path, raw: str) -> dict[str, Any]:
 def parse_mtl(path: Path) -> dict[str, Any]:
     """Flatten an MTL (ODL text, NUL padding tolerated, or the JSON form) into ``{KEY: value}``."""
     raw = _read_text(path)
+    name = display_name(path)
     flat: dict[str, Any] = {}
     if path.suffix.lower() == ".json":
-        flat = _flatten_json(path, raw)
+        flat = _flatten_json(name, raw)
     else:
         for line in raw.splitlines():
             m = _LINE.match(line)
@@ -92,7 +95,7 @@ def parse_mtl(path: Path) -> dict[str, Any]:
                 value = float(value)
             flat[m.group(1)] = value
     if "SPACECRAFT_ID" not in flat:
-        raise SceneReadError(f"{path}: no SPACECRAFT_ID; not a Landsat MTL file (or a truncated one)")
+        raise SceneReadError(f"{name}: no SPACECRAFT_ID; not a Landsat MTL file (or a truncated one)")
     return flat
 
 
@@ -121,29 +124,43 @@ def _earth_sun_distance(mtl: dict[str, Any]) -> float | None:
 
 
 def _plain_name(path: Path, key: str, value: Any) -> str:
-    """A band file named by the MTL, confined to the MTL's folder: a plain file name, nothing else."""
+    """A band file named by the MTL, confined to the MTL's folder (or prefix): a plain file name, nothing else."""
     name = str(value).strip()
     bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name
            or any(ord(c) < 32 for c in name))
     if bad:
         raise SceneReadError(
-            f"{path}: {key} = {name!r} is not a plain file name; an MTL may only name band files in its own folder "
-            f"({path.parent}). Fix the MTL, or put the band file next to it under a plain name")
+            f"{display_name(path)}: {key} = {name!r} is not a plain file name; an MTL may only name band files in "
+            f"its own folder ({display_name(path.parent)}). Fix the MTL, or put the band file next to it under a "
+            "plain name")
     return name
 
 
-def _band_file(folder: Path, name: str) -> Path | None:
-    exact = folder / name
-    if is_regular_file(exact):
-        return exact
-    # copies are often renamed with a prefix (e.g. "tiny_<name>")
-    matches = sorted(p for p in folder.iterdir() if p.name.endswith(name) and is_regular_file(p))
-    return matches[0] if matches else None
+def band_file_among(name: str, siblings: Iterable[str]) -> str | None:
+    """The file of the folder's ``siblings`` (names) that holds band file ``name``: itself, else the first
+    (sorted) that ends with it, since copies are often renamed with a prefix (e.g. ``tiny_<name>``)."""
+    names = set(siblings)
+    if name in names:
+        return name
+    return min((n for n in names if n.endswith(name)), default=None)
 
 
-def mtl_band_files(path: Path, mtl: dict[str, Any]) -> tuple[list[tuple[int, Path]], list[int]]:
+def _band_file(folder: Path, name: str, siblings: Collection[str] | None) -> Path | None:
+    if siblings is None:
+        exact = folder / name
+        if is_regular_file(exact):
+            return exact
+        siblings = [p.name for p in folder_files(folder)]
+    found = band_file_among(name, siblings)
+    return None if found is None else folder / found
+
+
+def mtl_band_files(path: Path, mtl: dict[str, Any],
+                   siblings: Collection[str] | None = None) -> tuple[list[tuple[int, Path]], list[int]]:
     """``(band number, file)`` for every numbered band of the MTL on disk, and the listed numbers that are not.
 
+    ``siblings``: the names of the files next to the MTL when a listing already gave them; else they are
+    looked up (one ``stat`` or HEAD per band, a listing of the folder only for a renamed band).
     Raises :class:`SceneReadError` when a listed name is not a plain file name in the MTL's folder.
     """
     found: list[tuple[int, Path]] = []
@@ -151,7 +168,7 @@ def mtl_band_files(path: Path, mtl: dict[str, Any]) -> tuple[list[tuple[int, Pat
     for key, value in mtl.items():
         m = _BAND_KEY.fullmatch(key)
         if m:
-            f = _band_file(path.parent, _plain_name(path, key, value))
+            f = _band_file(path.parent, _plain_name(path, key, value), siblings)
             if f is None:
                 missing.append(int(m.group(1)))
             else:
@@ -159,7 +176,7 @@ def mtl_band_files(path: Path, mtl: dict[str, Any]) -> tuple[list[tuple[int, Pat
     return sorted(found), sorted(missing)
 
 
-def _sun_elevation(mtl: dict[str, Any], path: Path, issues: list[Issue]) -> float | None:
+def _sun_elevation(mtl: dict[str, Any], name: str, issues: list[Issue]) -> float | None:
     """sin(sun elevation) for the reflectance correction, or ``None`` (with a warning) when unusable."""
     raw = mtl.get("SUN_ELEVATION")
     elev = _number(mtl, "SUN_ELEVATION")
@@ -170,12 +187,12 @@ def _sun_elevation(mtl: dict[str, Any], path: Path, issues: list[Issue]) -> floa
         issues.append(warning(
             Code.CALIBRATION_SUSPECT,
             f"SUN_ELEVATION {why}; TOA reflectance cannot be computed (radiance still can). Re-download the MTL "
-            "if it is damaged", where=f"{path}: SUN_ELEVATION"))
+            "if it is damaged", where=f"{name}: SUN_ELEVATION"))
         return None
     return math.sin(math.radians(elev))
 
 
-def _unusable(mtl: dict[str, Any], keys: list[str], path: Path, what: str, issues: list[Issue]) -> None:
+def _unusable(mtl: dict[str, Any], keys: list[str], name: str, what: str, issues: list[Issue]) -> None:
     """A warning naming each of ``keys`` that is missing or not a finite number (``what`` it is needed for)."""
     missing = [k for k in keys if k not in mtl]
     bad = [f"{k} = {mtl[k]!r}" for k in keys if k in mtl and _number(mtl, k) is None]
@@ -183,13 +200,13 @@ def _unusable(mtl: dict[str, Any], keys: list[str], path: Path, what: str, issue
         parts = ([f"{', '.join(missing)} missing"] if missing else []) + ([f"{', '.join(bad)} not a number"]
                                                                            if bad else [])
         issues.append(warning(Code.CALIBRATION_SUSPECT, f"{'; '.join(parts)}: {what}. Re-download the MTL if it is "
-                                                        "damaged", where=f"{path}: {(missing or keys)[0]}"))
+                                                        "damaged", where=f"{name}: {(missing or keys)[0]}"))
 
 
-def _radiance(mtl: dict[str, Any], numbers: list[int], path: Path,
+def _radiance(mtl: dict[str, Any], numbers: list[int], name: str,
               issues: list[Issue]) -> tuple[list[float], list[float]]:
     keys = [f"RADIANCE_{k}_BAND_{n}" for n in numbers for k in ("MULT", "ADD")]
-    _unusable(mtl, keys, path, "no radiance (nor TOA reflectance derived from it) for those bands", issues)
+    _unusable(mtl, keys, name, "no radiance (nor TOA reflectance derived from it) for those bands", issues)
     ml = [_number(mtl, f"RADIANCE_MULT_BAND_{n}") for n in numbers]
     al = [_number(mtl, f"RADIANCE_ADD_BAND_{n}") for n in numbers]
     bad = [f"B{n}" for n, m in zip(numbers, ml, strict=True) if m is not None and m <= 0]
@@ -197,17 +214,17 @@ def _radiance(mtl: dict[str, Any], numbers: list[int], path: Path,
         issues.append(warning(
             Code.CALIBRATION_SUSPECT,
             f"RADIANCE_MULT of band(s) {', '.join(bad)} is zero or negative: radiance and reflectance would be "
-            "zero or negative; the MTL is probably damaged. Re-download it", where=f"{path}: RADIANCE_MULT"))
+            "zero or negative; the MTL is probably damaged. Re-download it", where=f"{name}: RADIANCE_MULT"))
     return ([m if m is not None else math.nan for m in ml], [a if a is not None else math.nan for a in al])
 
 
 def _reflectance(mtl: dict[str, Any], numbers: list[int], ml: list[float], al: list[float],
-                 sin_sun: float | None, path: Path, issues: list[Issue]) -> tuple[list[float], list[float]]:
+                 sin_sun: float | None, name: str, issues: list[Issue]) -> tuple[list[float], list[float]]:
     if sin_sun is None:
         return [math.nan] * len(numbers), [math.nan] * len(numbers)
     listed = [f"REFLECTANCE_{k}_BAND_{n}" for n in numbers for k in ("MULT", "ADD")
               if f"REFLECTANCE_MULT_BAND_{n}" in mtl or f"REFLECTANCE_ADD_BAND_{n}" in mtl]
-    _unusable(mtl, listed, path, "no TOA reflectance for those bands", issues)
+    _unusable(mtl, listed, name, "no TOA reflectance for those bands", issues)
     rg: list[float] = []
     ro: list[float] = []
     d = _earth_sun_distance(mtl)
@@ -217,13 +234,13 @@ def _reflectance(mtl: dict[str, Any], numbers: list[int], ml: list[float], al: l
         issues.append(warning(
             Code.CALIBRATION_SUSPECT,
             f"EARTH_SUN_DISTANCE = {raw_d!r} is not a distance in AU (0.9-1.1); the reflectance uses {d:.5f} AU "
-            "computed from DATE_ACQUIRED instead", where=f"{path}: EARTH_SUN_DISTANCE"))
+            "computed from DATE_ACQUIRED instead", where=f"{name}: EARTH_SUN_DISTANCE"))
     if tm and d is None:
         issues.append(warning(
             Code.CALIBRATION_SUSPECT,
             f"neither EARTH_SUN_DISTANCE (= {mtl.get('EARTH_SUN_DISTANCE')!r}, must be 0.9-1.1 AU) nor DATE_ACQUIRED "
             f"(= {mtl.get('DATE_ACQUIRED')!r}, must be a date) gives the Earth-Sun distance the TM reflectance "
-            "needs; no TOA reflectance. Re-download the MTL if it is damaged", where=f"{path}: EARTH_SUN_DISTANCE"))
+            "needs; no TOA reflectance. Re-download the MTL if it is damaged", where=f"{name}: EARTH_SUN_DISTANCE"))
     for n, m_, a_ in zip(numbers, ml, al, strict=True):
         mr, ar = _number(mtl, f"REFLECTANCE_MULT_BAND_{n}"), _number(mtl, f"REFLECTANCE_ADD_BAND_{n}")
         if mr is not None and ar is not None:
@@ -241,21 +258,22 @@ def _reflectance(mtl: dict[str, Any], numbers: list[int], ml: list[float], al: l
 
 def _bands_on_disk(path: Path, mtl: dict[str, Any], issues: list[Issue]) -> list[tuple[int, Path]]:
     bands, missing = mtl_band_files(path, mtl)
+    name, folder = display_name(path), display_name(path.parent)
     if str(mtl.get("SPACECRAFT_ID", "")).strip() in ("LANDSAT_7", "LANDSAT_8", "LANDSAT_9"):
         # the panchromatic band 8 is on a 2x finer grid than the others; it is not part of the cube
         bands = [(n, f) for n, f in bands if n != 8]
         missing = [n for n in missing if n != 8]
     if not bands:
         raise SceneReadError(
-            f"{path}: none of the band files the MTL lists (FILE_NAME_BAND_n) is in {path.parent}; "
+            f"{name}: none of the band files the MTL lists (FILE_NAME_BAND_n) is in {folder}; "
             "put the band GeoTIFFs next to the MTL"
         )
     if missing:
         issues.append(warning(
             Code.BANDS_MISSING,
-            f"band(s) {', '.join(f'B{n}' for n in missing)} listed in the MTL are not in {path.parent}; the scene "
+            f"band(s) {', '.join(f'B{n}' for n in missing)} listed in the MTL are not in {folder}; the scene "
             f"holds only {', '.join(f'B{n}' for n, _ in bands)}. Put the missing band files next to the MTL for a "
-            "full scene", where=str(path)))
+            "full scene", where=name))
     return bands
 
 
@@ -270,15 +288,17 @@ def _acquired(mtl: dict[str, Any]) -> str | None:
 
 
 def open_landsat(path: Path) -> GdalSource:
-    """Open the bands of a Landsat MTL as one scene with its radiance/TOA-reflectance coefficients."""
+    """Open the bands of a Landsat MTL (a file or ``/vsis3/`` name) as one scene with its radiance/TOA-reflectance
+    coefficients."""
     mtl = parse_mtl(path)
+    name = display_name(path)
     issues: list[Issue] = []
     bands = _bands_on_disk(path, mtl, issues)
     src = open_gdal(path, band_files=[str(f) for _, f in bands])
     numbers = [n for n, _ in bands]
-    ml, al = _radiance(mtl, numbers, path, issues)
+    ml, al = _radiance(mtl, numbers, name, issues)
     cals = [FileCalibration("radiance", tuple(ml), tuple(al), unit="W/(m2 sr um)", note="MTL RADIANCE_MULT/ADD")]
-    rg, ro = _reflectance(mtl, numbers, ml, al, _sun_elevation(mtl, path, issues), path, issues)
+    rg, ro = _reflectance(mtl, numbers, ml, al, _sun_elevation(mtl, name, issues), name, issues)
     cals.append(
         FileCalibration(
             "toa_reflectance",
@@ -292,7 +312,7 @@ def open_landsat(path: Path) -> GdalSource:
     if acquired is None and "DATE_ACQUIRED" in mtl:
         issues.append(warning(Code.CALIBRATION_SUSPECT, f"DATE_ACQUIRED = {mtl['DATE_ACQUIRED']!r} is not a date "
                                                         "(YYYY-MM-DD): the acquisition time is unknown",
-                              where=f"{path}: DATE_ACQUIRED"))
+                              where=f"{name}: DATE_ACQUIRED"))
     infos = tuple(dataclasses.replace(b, name=f"B{n}") for b, n in zip(src.meta.bands, numbers, strict=True))
     tags = {
         k: str(v)
@@ -302,7 +322,7 @@ def open_landsat(path: Path) -> GdalSource:
     }
     meta = dataclasses.replace(
         src.meta,
-        path=str(path),
+        path=name,
         files=(str(path), *src.meta.files),
         format="Landsat-MTL",
         bands=infos,

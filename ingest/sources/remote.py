@@ -1,9 +1,14 @@
 """Scenes on an object store (``s3://bucket/key`` or a prefix of them), read without downloading them.
 
-GeoTIFFs are read by GDAL through ``/vsis3/`` with HTTP range requests: the header, then the
-blocks the scan asks for, so memory stays that of a local ingest whatever the scene's size.
-Their identity is the object's ETag and size (hashing a multi-GB object would mean reading it
-all). Other formats are refused with what to do (download the scene and ingest the copy).
+GeoTIFFs, ENVI scenes (a header and its raw data object) and Landsat MTL sets (the MTL and the
+band GeoTIFFs it names) are read by GDAL through ``/vsis3/`` with HTTP range requests: headers,
+then the blocks the scan asks for, so memory stays that of a local ingest whatever the scene's
+size. The small text files (an ENVI header, an MTL) are read by one size-bounded ranged GET. A
+prefix is grouped into scenes as a local folder is: a header with its data object, an MTL with
+its band objects. A scene's identity is the ETag and size of each of its objects (hashing a
+multi-GB object would mean reading it all). MATLAB files need random access over all of them and
+are fetched to a temporary file; other formats are refused with what to do (download the scene
+and ingest the copy).
 """
 
 from __future__ import annotations
@@ -14,20 +19,26 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
+from cubelake.errors import CubelakeError
 from cubelake.storage import (
     ObjectNotFound,
     S3Options,
     StorageError,
     Store,
+    gdal_vsi_path,
     object_at,
     open_store,
     split_url,
+    url_of_gdal_path,
 )
 
 from . import SceneInput, SceneKind
+from ._base import is_regular_file
+from .envi import envi_data_candidates, envi_header_candidates
+from .landsat import is_mtl, mtl_band_files, parse_mtl
 
 __all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_input"]
 
@@ -37,26 +48,42 @@ REMOTE_TIFF = (".tif", ".tiff")
 _SIDECARS = (".aux.xml", ".ovr", ".txt", ".md", ".json", ".xml", ".html", ".pdf", ".png", ".jpg", ".prj")
 _MAX_OBJECTS = 100_000  # a prefix listing this long is not a folder of scenes
 
+#: Whether an object exists: a key of the listing at hand, or a HEAD for a URL named on its own.
+_Exists = Callable[[Path], bool]
+
 
 def gdal_path(url: str) -> Path:
     """GDAL's name for an object: ``/vsis3/bucket/key``."""
-    scheme, where = split_url(url)
-    if scheme != "s3":
-        raise ValueError(f"{url}: only s3:// sources can be read from an object store")
-    return Path(f"/vsis3/{where}")
+    return Path(gdal_vsi_path(url))
 
 
-def _scene(url: str, explicit: bool) -> SceneInput | None:
-    name = PurePosixPath(url).name.lower()
+def _envi(header: Path, exists: _Exists) -> SceneInput:
+    data = next((c for c in envi_data_candidates(header) if exists(c)), None)
+    return SceneInput(path=header, kind=SceneKind.ENVI, data=data, url=url_of_gdal_path(header))
+
+
+def _scene(url: str, explicit: bool, exists: _Exists) -> SceneInput | None:
+    """The scene an object is, in the order local discovery decides (MTL, ENVI header, ENVI data, ...);
+    ``None`` for an object of a listing that is part of another scene or a sidecar."""
+    path = gdal_path(url)
+    name = path.name.lower()
+    if is_mtl(path):
+        return SceneInput(path=path, kind=SceneKind.LANDSAT, url=url)
+    if name.endswith(".hdr"):
+        return _envi(path, exists)
+    header = next((c for c in envi_header_candidates(path) if exists(c)), None)
+    if header is not None:  # an ENVI data object: its header is the scene (listed on its own)
+        return _envi(header, exists) if explicit else None
     if name.endswith(REMOTE_TIFF):
-        return SceneInput(path=gdal_path(url), kind=SceneKind.GDAL, url=url)
+        return SceneInput(path=path, kind=SceneKind.GDAL, url=url)
     if name.endswith(".mat"):  # HDF5/MAT needs random access over the whole file: fetched when it is read
         return SceneInput(path=Path(PurePosixPath(url).name), kind=SceneKind.MAT, url=url)
     if not explicit and name.endswith(_SIDECARS):
         return None
-    return SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
-                      problem=f"{url}: only GeoTIFF (read in place) and MATLAB (fetched) scenes are read from object "
-                              "stores so far; download this one and ingest the local copy")
+    return SceneInput(path=path, kind=SceneKind.SPECIAL, url=url,
+                      problem=f"{url}: this format is not read from object stores (GeoTIFF, ENVI header + data and "
+                              "Landsat MTL + band objects are read in place, MATLAB files fetched); download it "
+                              "and ingest the local copy")
 
 
 def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInput]:
@@ -68,7 +95,7 @@ def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInp
     store, key = object_at(url.rstrip("/"), options)
     with contextlib.suppress(ObjectNotFound):
         store.head(key)
-        return [s for s in [_scene(url, True)] if s is not None]
+        return [s for s in [_scene(url, True, is_regular_file)] if s is not None]
     prefix = open_store(url.rstrip("/"), options)
     try:
         return _listed(url, prefix)
@@ -80,8 +107,9 @@ def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInp
                            problem=f"{exc}; rename that object, or name the scenes below this prefix one by one")]
 
 
-def _listed(url: str, prefix: Store) -> list[SceneInput]:
-    out: list[SceneInput] = []
+def _objects(url: str, prefix: Store) -> list[str | SceneInput]:
+    """The URLs of the objects below ``prefix`` in key order; those that cannot be scenes as problems."""
+    out: list[str | SceneInput] = []
     for n, obj in enumerate(prefix.list()):
         if n >= _MAX_OBJECTS:
             out.append(SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=url,
@@ -89,11 +117,46 @@ def _listed(url: str, prefix: Store) -> list[SceneInput]:
                                           "narrower prefix"))
             break
         try:
-            scene = _scene(prefix.url_of(obj.key), False)
+            out.append(prefix.url_of(obj.key))
         except StorageError:  # a key cubelake would not write or read (control characters, '..' parts)
-            scene = SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=f"{url.rstrip('/')}/{obj.key!r}",
-                               problem=f"{url.rstrip('/')}/{obj.key!r}: an object key with control characters or "
-                                       "'..' parts cannot be a scene; rename the object")
+            out.append(SceneInput(path=gdal_path(url), kind=SceneKind.SPECIAL, url=f"{url.rstrip('/')}/{obj.key!r}",
+                                  problem=f"{url.rstrip('/')}/{obj.key!r}: an object key with control characters "
+                                          "or '..' parts cannot be a scene; rename the object"))
+    return out
+
+
+def _landsat_bands(paths: list[Path]) -> set[Path]:
+    """The band objects the MTLs among ``paths`` name (each MTL read: it is small); matched against the
+    listing, not looked up. An MTL that cannot be read consumes nothing: its scene reports why."""
+    folders: dict[Path, set[str]] = {}
+    for p in paths:
+        folders.setdefault(p.parent, set()).add(p.name)
+    bands: set[Path] = set()
+    for p in paths:
+        if not is_mtl(p):
+            continue
+        try:
+            bands.update(f for _, f in mtl_band_files(p, parse_mtl(p), folders[p.parent])[0])
+        except (CubelakeError, OSError) as exc:  # reported when the scene is opened
+            log.debug("cannot list the bands of %s yet: %s", p, exc)
+    return bands
+
+
+def _listed(url: str, prefix: Store) -> list[SceneInput]:
+    entries = _objects(url, prefix)
+    paths = {e: gdal_path(e) for e in entries if isinstance(e, str)}
+    present = {str(p) for p in paths.values()}
+
+    def listed(p: Path) -> bool:
+        return str(p) in present
+
+    consumed = _landsat_bands(list(paths.values()))
+    out: list[SceneInput] = []
+    for e in entries:
+        if isinstance(e, SceneInput):
+            out.append(e)
+            continue
+        scene = None if paths[e] in consumed else _scene(e, False, listed)
         if scene is not None:
             out.append(scene)
     if not out:
@@ -104,8 +167,9 @@ def _listed(url: str, prefix: Store) -> list[SceneInput]:
 
 @contextlib.contextmanager
 def remote_input(inp: SceneInput, options: S3Options | None = None) -> Iterator[SceneInput]:
-    """The scene ready to read: GDAL's S3 settings set for a GeoTIFF read in place; a MATLAB file (which
-    needs random access over all of it) streamed to a local temporary file, removed afterwards."""
+    """The scene ready to read: GDAL's S3 settings set for a scene read in place (GeoTIFF, ENVI, Landsat);
+    a MATLAB file (which needs random access over all of it) streamed to a local temporary file, removed
+    afterwards."""
     if inp.url is None:
         yield inp
         return
