@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from cubelake.cube import CFEncoder, CubeSpec
 from cubelake.errors import CubelakeError, NotReferenceableError, RefsError
-from cubelake.storage import S3Options, object_at
+from cubelake.storage import S3Options, gdal_vsi_path, object_at
 
 from .build import reference_tiff
 from .fingerprint import file_fingerprint
@@ -155,7 +155,10 @@ def build_refs(url: str, *, chunk: int | None = None, storage_options: S3Options
     layout = tiff_layout(url, storage_options)
     target = stat_target(url, storage_options)
     scheme, where = split_url(url)
-    gdal_path = where if scheme == "file" else f"/vsis3/{where}"
+    if scheme not in ("file", "s3"):
+        raise NotReferenceableError(f"{url}: GDAL reads sources here from local files and s3:// objects only; copy "
+                                    "the file to one of those")
+    gdal_path = where if scheme == "file" else gdal_vsi_path(url)
     env = S3Options.coerce(storage_options).gdal_env() if scheme == "s3" else contextlib.nullcontext()
     with env:
         src = open_gdal(gdal_path)
