@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+import h11
 import numpy as np
 import pytest
 from hypothesis import given
@@ -28,15 +29,7 @@ from cubelake.linkemu import (
     parse_fault_mix,
     parse_rate_mbps,
 )
-from cubelake.linkemu._http import (
-    Framing,
-    ProtocolError,
-    keep_alive,
-    parse_head,
-    request_framing,
-    response_framing,
-    response_head_for_client,
-)
+from cubelake.linkemu._http import client_response, upstream_request, whole_response
 from cubelake.linkemu.policy import cut_point, error_response, slice_bytes, ttfb_s
 from cubelake.storage import Store
 
@@ -145,65 +138,55 @@ def test_slices_cuts_and_error_bodies() -> None:
     assert slice_bytes(25e6) == 50_000  # 200 Mbit/s: 2 ms of the link
     assert slice_bytes(1000.0) == 1024
     assert (cut_point(1000, 0), cut_point(1, 0), cut_point(None, 10), cut_point(None, 1)) == (500, 0, 5, 1)
-    resp = error_response(FaultKind.SLOWDOWN, "/b/k<&>", "RID1", 3, keep_alive=False, with_body=True)
-    head, _, body = resp.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 503 Slow Down\r\n")
-    assert b"\r\nRetry-After: 3" in head
-    assert b"\r\nConnection: close" in head
-    assert b"<Code>SlowDown</Code>" in body
-    assert b"<Resource>/b/k&lt;&amp;&gt;</Resource>" in body
-    assert f"Content-Length: {len(body)}".encode() in head
-    head500 = error_response(FaultKind.INTERNAL, "/", "R", 3, keep_alive=True, with_body=False)
-    assert head500.endswith(b"\r\n\r\n")
-    assert b"Retry-After" not in head500
-    assert b"Connection" not in head500
+    err = error_response(FaultKind.SLOWDOWN, "/b/k<&>", "RID1", 3)
+    assert (err.status, err.reason) == (503, "Slow Down")
+    assert ("Retry-After", "3") in err.headers
+    assert ("Content-Type", "application/xml") in err.headers
+    assert b"<Code>SlowDown</Code>" in err.body
+    assert b"<Resource>/b/k&lt;&amp;&gt;</Resource>" in err.body
+    err500 = error_response(FaultKind.INTERNAL, "/", "R", 3)
+    assert err500.status == 500
+    assert not any(k == "Retry-After" for k, _ in err500.headers)
 
 
-def _req(text: str) -> object:
-    return parse_head(text.replace("\n", "\r\n").encode() + b"\r\n")
+def _server_got(raw: bytes) -> h11.Request:
+    """The request h11 reads from ``raw`` as the proxy's client side does."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(raw)
+    event = conn.next_event()
+    assert isinstance(event, h11.Request)
+    return event
 
 
-@pytest.mark.parametrize(("head", "framing", "keep"), [
-    ("GET /b/k HTTP/1.1\nHost: h", Framing("none"), True),
-    ("PUT /b/k HTTP/1.1\nContent-Length: 10\nConnection: close", Framing("length", 10), False),
-    ("PUT /b/k HTTP/1.1\nTransfer-Encoding: chunked", Framing("chunked"), True),
-    ("POST / HTTP/1.0\nContent-Length: 0", Framing("none"), False),
-    ("GET / HTTP/1.0\nConnection: Keep-Alive", Framing("none"), True),
-])
-def test_request_heads(head: str, framing: Framing, keep: bool) -> None:
-    h = _req(head)
-    assert request_framing(h) == framing  # type: ignore[arg-type]
-    assert keep_alive(h) is keep  # type: ignore[arg-type]
+_SIGNED = (b"GET /bkt/a%20b.bin?x-id=GetObject HTTP/1.1\r\nHost: 127.0.0.1:8123\r\nX-Amz-Date: 20261201T000000Z\r\n"
+           b"x-amz-content-sha256: UNSIGNED-PAYLOAD\r\nAuthorization: AWS4-HMAC-SHA256 Credential=k/20261201/us-east-1/s3/"
+           b"aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature=ab12\r\n"
+           b"Range: bytes=0-99\r\nConnection: keep-alive\r\n\r\n")
 
 
-@pytest.mark.parametrize(("head", "method", "framing"), [
-    ("HTTP/1.1 200 OK\nContent-Length: 5", "GET", Framing("length", 5)),
-    ("HTTP/1.1 200 OK\nContent-Length: 5", "HEAD", Framing("none")),
-    ("HTTP/1.1 204 No Content", "DELETE", Framing("none")),
-    ("HTTP/1.1 200 OK\nTransfer-Encoding: chunked", "GET", Framing("chunked")),
-    ("HTTP/1.1 200 OK", "GET", Framing("close")),
-    ("HTTP/1.1 206", "GET", Framing("close")),  # a status line without a reason phrase
-])
-def test_response_framing(head: str, method: str, framing: Framing) -> None:
-    raw = (head.replace("\n", "\r\n") + "\r\n\r\n").encode()
-    assert response_framing(parse_head(raw, response=True), method) == framing
+def test_requests_go_upstream_with_the_fields_the_client_signed() -> None:
+    """Names in their case, values and Host unchanged: byte for byte (Host first, as here)."""
+    client = h11.Connection(h11.CLIENT)
+    assert client.send(upstream_request(_server_got(_SIGNED), ("127.0.0.1", 9000))) == _SIGNED
+    # a value's surrounding blanks go (SigV4's canonical form trims them too); an HTTP/1.0 request
+    # without a Host goes as HTTP/1.1 with the upstream's
+    old = _server_got(b"PUT /b/k HTTP/1.0\r\nx-amz-meta-a:  v  \r\nContent-Length: 3\r\n\r\n")
+    out = h11.Connection(h11.CLIENT).send(upstream_request(old, ("10.0.0.1", 9000)))
+    assert out == b"PUT /b/k HTTP/1.1\r\nHost: 10.0.0.1:9000\r\nx-amz-meta-a: v\r\nContent-Length: 3\r\n\r\n"
 
 
-@pytest.mark.parametrize("raw", [b"GARBAGE\r\n\r\n", b"GET / HTTP/2\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
-                                 b"GET / HTTP/1.1\r\nno-colon\r\n\r\n"])
-def test_malformed_heads_are_refused(raw: bytes) -> None:
-    with pytest.raises(ProtocolError):
-        parse_head(raw)
-    with pytest.raises(ProtocolError, match="Content-Length"):
-        request_framing(parse_head(b"PUT / HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\n"))
-
-
-def test_response_heads_get_the_client_sides_connection_field() -> None:
-    up = parse_head(b"HTTP/1.1 200 OK\r\nConnection: close\r\nx-amz-id: 1\r\nContent-Length: 3\r\n\r\n", True)
-    assert response_head_for_client(up, keep=True, client_http10=False) == \
-        b"HTTP/1.1 200 OK\r\nx-amz-id: 1\r\nContent-Length: 3\r\n\r\n"
-    assert response_head_for_client(up, keep=False, client_http10=False).endswith(b"Connection: close\r\n\r\n")
-    assert response_head_for_client(up, keep=True, client_http10=True).endswith(b"Connection: keep-alive\r\n\r\n")
+def test_responses_get_the_client_sides_connection_field() -> None:
+    up = h11.Response(status_code=200, reason=b"OK", headers=[("Connection", "close"), ("Keep-Alive", "timeout=5"),
+                                                              ("x-amz-id", "1"), ("Content-Length", "3")])
+    assert client_response(up).headers.raw_items() == [(b"x-amz-id", b"1"), (b"Content-Length", b"3")]
+    assert (b"Connection", b"close") in client_response(up, close=True).headers.raw_items()
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    server.next_event()
+    assert server.send(client_response(up)) == b"HTTP/1.1 200 OK\r\nx-amz-id: 1\r\nContent-Length: 3\r\n\r\n"
+    events = whole_response(502, "Bad Gateway", [("Content-Type", "text/plain")], b"why", head_only=True)
+    assert [type(e) for e in events] == [h11.Response, h11.EndOfMessage]  # a HEAD's answer: no body, its length
+    assert (b"Content-Length", b"3") in events[0].headers.raw_items()  # type: ignore[union-attr]
 
 
 def test_bad_upstreams_and_unstarted_use_are_refused() -> None:
@@ -465,7 +448,8 @@ def test_store_get_ranges_through_a_200_mbps_link(s3_server: S3Server, s3_bucket
 
 
 class _Framings(http.server.BaseHTTPRequestHandler):
-    """``/chunked`` answers in chunks, ``/close`` ends its body by closing; a PUT echoes its (chunked) body."""
+    """``/chunked`` answers in chunks (with a chunk extension and a trailer field), ``/close`` ends its
+    body by closing; a PUT echoes its (chunked) body."""
 
     protocol_version = "HTTP/1.1"
     body = bytes(range(256)) * 10_000
@@ -519,9 +503,14 @@ def test_chunked_and_close_delimited_bodies_pass_through_paced(framings: str) ->
         conn.request("PUT", "/echo", body=iter([b"abc" * 1000, b"def" * 5000]), encode_chunked=True)
         echoed = conn.getresponse()
         assert echoed.read() == b"abc" * 1000 + b"def" * 5000
-        _, secs, body, resp = _timed_get(_conn(emu.endpoint), "/close")
+        conn = _conn(emu.endpoint)
+        _, secs, body, resp = _timed_get(conn, "/close")
         assert body == _Framings.body
-        assert resp.getheader("Connection") == "close"
+        # a body the upstream ended by closing reaches an HTTP/1.1 client chunked (h11 re-frames it),
+        # so the client's connection carries the next request
+        assert resp.getheader("Transfer-Encoding") == "chunked"
+        assert resp.getheader("Connection") is None
+        assert _timed_get(conn, "/chunked")[2] == _Framings.body
     assert secs >= 0.85 * len(body) / 25e6
 
 
@@ -546,6 +535,22 @@ def test_an_unreachable_upstream_is_a_502() -> None:
     assert resp.status == 502
     assert b"cannot connect" in body
     assert emu.stats.upstream_errors == 1
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GARBAGE\r\n\r\n", b"400"), (b"GET / HTTP/2\r\n\r\n", b"400"), (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", b"400"),
+    (b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 1, 2\r\n\r\n", b"400"),
+    (b"PUT / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", b"501"),
+])
+def test_malformed_requests_are_refused_with_h11s_status(raw: bytes, status: bytes) -> None:
+    with LinkEmulator("http://127.0.0.1:9") as emu, socket.create_connection(("127.0.0.1", emu.port), timeout=10) as s:
+        s.sendall(raw)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:80]
+    assert b"\r\nConnection: close\r\n" in answer
+    assert emu.stats.requests == 0  # nothing was forwarded
 
 
 @pytest.mark.s3

@@ -15,8 +15,8 @@ token bucket), holds each response until its time to first byte, and injects see
         print(link.stats.faults)
 
 Layers: ``spec`` (typed specs, parsing) and ``policy`` (token bucket, seeded decisions) are
-pure; ``_http`` and ``_proxy`` do the socket I/O; ``emulator`` runs it on a thread. It depends
-only on ``cubelake.errors``.
+pure; ``_http`` (HTTP/1.1 through h11) and ``_proxy`` do the socket I/O; ``emulator`` runs it on a
+thread. It depends only on ``cubelake.errors`` and h11.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """The proxy's socket side, on one asyncio event loop: accept clients, forward each request to the
 upstream, and shape and break the responses as the specs and :mod:`.policy` decide.
 
-Client connections are kept alive (HTTP/1.1); each request gets its own upstream connection
-(S3 test servers such as moto close theirs after every response anyway). Heads go upstream byte
-for byte, so the client signs for the proxy's ``host:port`` and the upstream sees exactly what
-was signed; response heads only get their ``Connection`` field replaced.
+HTTP/1.1 itself is h11's (:mod:`._http`): client connections are kept alive as far as h11's rules
+allow; each request gets its own upstream connection (S3 test servers such as moto close theirs
+after every response anyway). Requests go upstream with the header fields the client signed for
+the proxy's ``host:port``; responses come back with the client side's own connection fields.
+
+The body faults break HTTP on purpose: the head and the first half of the body go out through
+h11, then the proxy resets the socket (``reset``), closes it without the rest (``truncate``), or
+waits (``stall``); the client connection's h11 state is then left mid-message and dropped.
 """
 
 from __future__ import annotations
@@ -17,21 +21,13 @@ import struct
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ._http import (
-    MAX_HEAD,
-    Framing,
-    Head,
-    ProtocolError,
-    body_slices,
-    keep_alive,
-    read_head,
-    request_framing,
-    response_framing,
-    response_head_for_client,
-)
+import h11
+
+from ._http import MAX_HEAD, Peer, client_response, upstream_request, whole_response
 from .policy import (
     TokenBucket,
     bucket_for,
@@ -61,18 +57,20 @@ class UpstreamError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Request:
-    """One request being served: its head and framing, its number, its fault, when its response may start."""
+    """One request being served: its head, its number, its fault, when its response may start."""
 
-    head: Head
-    framing: Framing
+    event: h11.Request
     index: int
     fault: FaultKind | None
-    keep: bool  # the client wants its connection kept open
     due: float  # loop time before which no response byte leaves
 
     @property
-    def http10(self) -> bool:
-        return self.head.start[2] == "HTTP/1.0"
+    def method(self) -> str:
+        return self.event.method.decode("ascii")
+
+    @property
+    def target(self) -> str:
+        return self.event.target.decode("ascii", "replace")
 
 
 @dataclass
@@ -135,29 +133,35 @@ class Proxy:
             return LinkStats(c.requests, c.bytes_sent, c.bytes_received, {k.value: n for k, n in c.faults.items()},
                              c.upstream_errors)
 
-    def _admit(self, method: str) -> tuple[int, FaultKind | None]:
-        """A new request's index and its fault, decided in arrival order."""
+    def _admit(self, event: h11.Request) -> _Request:
+        """A new request with its index, fault and due time, decided in arrival order."""
+        arrived = asyncio.get_running_loop().time()
         index, fault = self._index, None
         self._index += 1
-        if self.faults.applies_to(method):
+        if self.faults.applies_to(event.method.decode("ascii")):
             fault = decide_fault(self.faults, self.seed, self._eligible)
             self._eligible += 1
         with self._lock:
             self._counters.requests += 1
-        return index, fault
+        return _Request(event, index, fault, arrived + ttfb_s(self.link, self.seed, index))
 
     # -- one client connection -------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None  # a connection callback always runs in a task
         self._tasks.add(task)
+        client = Peer(h11.SERVER, reader, writer, self.slice, on_read=lambda n: self.count(received=n),
+                      on_write=lambda n: self.count(sent=n))
         reset = False
         try:
-            while await self._exchange(reader, writer):
-                pass
+            while await self._exchange(client):
+                client.conn.start_next_cycle()
         except (_Reset, asyncio.CancelledError):  # a cancelled connection (shutdown) ends here, quietly
             reset = True
-        except (ConnectionError, ProtocolError, asyncio.IncompleteReadError) as exc:
+        except h11.RemoteProtocolError as exc:
+            log.debug("client connection ended: %s", exc)
+            await _refuse(client, exc)
+        except (ConnectionError, h11.ProtocolError) as exc:
             log.debug("client connection ended: %s", exc)
         finally:
             self._tasks.discard(task)
@@ -168,82 +172,62 @@ class Proxy:
                 with contextlib.suppress(ConnectionError):
                     await writer.wait_closed()
 
-    async def _exchange(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> bool:
-        """Serve one request; whether the client connection stays open for another."""
-        head = await read_head(creader)
-        if head is None:
-            return False
-        arrived = asyncio.get_running_loop().time()
-        self.count(received=len(head.raw))
-        index, fault = self._admit(head.method)
-        req = _Request(head, request_framing(head), index, fault, keep_alive(head),
-                       arrived + ttfb_s(self.link, self.seed, index))
-        if fault in (FaultKind.SLOWDOWN, FaultKind.INTERNAL):
-            log.debug("request %d %s %s: injected %s", index, head.method, head.target, fault)
-            return await self._inject_error(req, creader, cwriter)
+    async def _exchange(self, client: Peer) -> bool:
+        """Serve one request; whether the client connection can carry another."""
+        event = await client.next_event()
+        if not isinstance(event, h11.Request):
+            return False  # the client closed its connection between requests
+        req = self._admit(event)
+        if req.fault in (FaultKind.SLOWDOWN, FaultKind.INTERNAL):
+            log.debug("request %d %s %s: injected %s", req.index, req.method, req.target, req.fault)
+            await self._inject_error(req, client)
+            return client.reusable
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream, limit=_UPSTREAM_LIMIT)
         except OSError as exc:
-            await self._bad_gateway(head, cwriter, f"cannot connect to {self.upstream[0]}:{self.upstream[1]}: {exc}")
+            await self._bad_gateway(req, client, f"cannot connect to {self.upstream[0]}:{self.upstream[1]}: {exc}")
             return False
         try:
-            return await self._forward(req, creader, cwriter, up_reader, up_writer)
+            await self._forward(req, client, Peer(h11.CLIENT, up_reader, up_writer, self.slice))
         finally:
             up_writer.close()
+        return client.reusable
 
-    async def _inject_error(self, req: _Request, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> bool:
+    async def _inject_error(self, req: _Request, client: Peer) -> None:
         """Answer with an S3 error; the upstream never sees the request."""
         assert req.fault is not None  # only called for an injected error
-        keep = req.keep
-        if req.framing.kind != "none":
-            if "100-continue" in req.head.tokens("expect"):
-                keep = False  # the client waits for us before sending its body: it never comes
-            else:
-                async for data in body_slices(creader, req.framing, self.slice):
-                    self.count(received=len(data))
+        # a client waiting for ``100 Continue`` never sends its body: answer, then close
+        close = client.conn.they_are_waiting_for_100_continue
+        if not close:
+            while not isinstance(await client.next_event(), h11.EndOfMessage):
+                pass  # the request's body, read and dropped, so the connection stays usable
         await _sleep_until(req.due)
-        resource = urlsplit(req.head.target).path or "/"
-        data = error_response(req.fault, resource, f"LINKEMU{req.index:012d}", self.faults.retry_after_s, keep,
-                              with_body=req.head.method != "HEAD")
-        cwriter.write(data)
-        self.count(sent=len(data), fault=req.fault)
-        await cwriter.drain()
-        return keep
+        err = error_response(req.fault, urlsplit(req.target).path or "/", f"LINKEMU{req.index:012d}",
+                             self.faults.retry_after_s)
+        await client.send(whole_response(err.status, err.reason, err.headers, err.body, req.method == "HEAD", close))
+        self.count(fault=req.fault)
 
-    async def _bad_gateway(self, head: Head, cwriter: asyncio.StreamWriter, why: str) -> None:
-        log.warning("link emulator: %s %s: %s", head.method, head.target, why)
+    async def _bad_gateway(self, req: _Request, client: Peer, why: str) -> None:
+        log.warning("link emulator: %s %s: %s", req.method, req.target, why)
         self.count(upstream_error=True)
         body = f"link emulator: the upstream failed: {why}\n".encode()
-        data = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(body)) + (body if head.method != "HEAD" else b"")
-        cwriter.write(data)
-        self.count(sent=len(data))
-        await cwriter.drain()
+        await client.send(whole_response(502, "Bad Gateway", [("Content-Type", "text/plain")], body,
+                                         req.method == "HEAD", close=True))
 
-    async def _forward(self, req: _Request, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
-                       up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> bool:
+    async def _forward(self, req: _Request, client: Peer, up: Peer) -> None:
         """Send a request upstream (its body streamed while the response is awaited), then the response back."""
-        up_writer.write(req.head.raw)
-        pump = asyncio.create_task(self._pump(req.framing, creader, up_writer))
+        up.write(up.encode(upstream_request(req.event, self.upstream)))
+        pump = asyncio.create_task(self._pump(client, up))
         try:
             try:
-                resp, rframing = await _await_with(self._response_head(req, up_reader, cwriter), pump)
+                resp = await _await_with(self._response_head(up, client), pump)
             except UpstreamError as exc:
-                await self._bad_gateway(req.head, cwriter, str(exc))
-                return False
+                await self._bad_gateway(req, client, str(exc))
+                return
             # the client's connection is reusable only if its whole request body was read
-            keep = req.keep and _succeeded(pump) and rframing.kind != "close"
+            head = client_response(resp, close=not _succeeded(pump))
             await _sleep_until(req.due)
-            if req.fault is not None:
-                log.debug("request %d %s %s: injecting %s", req.index, req.head.method, req.head.target, req.fault)
-                self.count(fault=req.fault)
-                if rframing.kind == "none":
-                    return await self._fault_without_body(req, resp, keep, cwriter)
-            out = response_head_for_client(resp, keep, req.http10)
-            cwriter.write(out)
-            self.count(sent=len(out))
-            done = await self._body(rframing, req.fault, up_reader, cwriter)
-            return keep and done and _succeeded(pump)
+            await self._respond(req, head, client, up)
         finally:
             if not pump.done():
                 pump.cancel()
@@ -251,100 +235,154 @@ class Proxy:
             if not pump.cancelled():
                 pump.exception()  # retrieved: a client that went away mid-upload is not an error here
 
-    async def _pump(self, framing: Framing, creader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> bool:
+    async def _pump(self, client: Peer, up: Peer) -> bool:
         """Stream a request body to the upstream (paced when uploads are capped); whether all of it went."""
-        async for data in body_slices(creader, framing, self.slice):
-            self.count(received=len(data))
-            if self.up is not None:
-                await _pace(self.up, len(data))
-            try:
-                up_writer.write(data)
-                await up_writer.drain()
-            except ConnectionError:  # the upstream stopped reading (it answered early); its answer still goes back
+        while True:
+            event = await client.next_event()
+            if not isinstance(event, h11.Data | h11.EndOfMessage):
                 return False
-        return True
+            try:
+                data = up.encode(event)
+                if self.up is not None and isinstance(event, h11.Data):
+                    await _pace(self.up, len(data))
+                up.write(data)
+                await up.writer.drain()
+            except (ConnectionError, h11.LocalProtocolError):  # the upstream stopped reading (it answered
+                return False                                     # early); its answer still goes back
+            if isinstance(event, h11.EndOfMessage):
+                return True
 
-    async def _response_head(self, req: _Request, up_reader: asyncio.StreamReader,
-                             cwriter: asyncio.StreamWriter) -> tuple[Head, Framing]:
-        """The upstream's final response head and its body's framing; interim heads (``100 Continue``)
-        go to the client at once."""
+    async def _response_head(self, up: Peer, client: Peer) -> h11.Response:
+        """The upstream's final response head; interim ones (``100 Continue``) go to the client at once."""
         while True:
             try:
-                resp = await read_head(up_reader, response=True)
-                if resp is None:
-                    raise UpstreamError("it closed the connection without a response")
-                if resp.status == 101:
-                    raise UpstreamError("it switched protocols, which the link emulator does not forward")
-                if resp.status >= 200:
-                    return resp, response_framing(resp, req.head.method)
-            except (ProtocolError, ConnectionError) as exc:
+                event = await up.next_event()
+            except (h11.RemoteProtocolError, ConnectionError) as exc:
+                if up.reader.at_eof() and isinstance(exc, h11.RemoteProtocolError):
+                    raise UpstreamError("it closed the connection without a response") from None
                 raise UpstreamError(str(exc) or type(exc).__name__) from None
-            cwriter.write(resp.raw)
-            self.count(sent=len(resp.raw))
+            if isinstance(event, h11.Response):
+                return event
+            if not isinstance(event, h11.InformationalResponse) or event.status_code == 101:
+                raise UpstreamError("it switched protocols, which the link emulator does not forward")
+            client.write(client.encode(client_response(event)))
 
-    async def _fault_without_body(self, req: _Request, resp: Head, keep: bool, cwriter: asyncio.StreamWriter) -> bool:
+    async def _respond(self, req: _Request, head: h11.Response, client: Peer, up: Peer) -> None:
+        """The response to the client: its head, then its body, broken as the request's fault says."""
+        try:
+            first = _peek(up)
+        except UpstreamError as exc:  # nothing has gone to the client yet
+            await self._bad_gateway(req, client, str(exc))
+            return
+        if req.fault is not None:
+            log.debug("request %d %s %s: injecting %s", req.index, req.method, req.target, req.fault)
+            self.count(fault=req.fault)
+            if isinstance(first, h11.EndOfMessage):  # a response without a body
+                await self._fault_without_body(req.fault, head, client)
+                return
+        client.write(client.encode(head))
+        await self._body(req.fault, _content_length(head), _upstream_body(up, first), client)
+
+    async def _fault_without_body(self, fault: FaultKind, head: h11.Response, client: Peer) -> None:
         """A body fault on a response without a body: reset or close before the head; a stall delays it."""
-        if req.fault is FaultKind.RESET:
+        if fault is FaultKind.RESET:
             raise _Reset
-        if req.fault is FaultKind.TRUNCATE:
-            return False
+        if fault is FaultKind.TRUNCATE:
+            return  # nothing sent: the connection closes
         await asyncio.sleep(self.faults.stall_s)
-        out = response_head_for_client(resp, keep, req.http10)
-        cwriter.write(out)
-        self.count(sent=len(out))
-        await cwriter.drain()
-        return keep
+        await client.send([head, h11.EndOfMessage()])
 
-    async def _body(self, framing: Framing, fault: FaultKind | None, up_reader: asyncio.StreamReader,
-                    cwriter: asyncio.StreamWriter) -> bool:
-        """Forward a response body, paced, breaking it at its middle for a body fault; whether it completed."""
-        cut = cut_point(framing.length, 0) if framing.length is not None else None
+    async def _body(self, fault: FaultKind | None, length: int | None,
+                    events: AsyncIterator[h11.Data | h11.EndOfMessage], client: Peer) -> None:
+        """Forward a response body, paced, breaking it at its middle for a body fault."""
+        cut = cut_point(length, 0) if length is not None else None
         sent = 0
         try:
-            async for data in _upstream_body(up_reader, framing, self.slice):
-                if fault is None:
-                    await self._send(cwriter, data)
+            async for event in events:
+                if fault is None or isinstance(event, h11.EndOfMessage):
+                    await self._send(client, event)
                     continue
+                data = event.data
                 cut = cut if cut is not None else sent + cut_point(None, len(data))
                 if sent + len(data) < cut:
-                    await self._send(cwriter, data)
+                    await self._send(client, event)
                     sent += len(data)
                     continue
-                await self._send(cwriter, data[: cut - sent])
-                if fault is FaultKind.RESET:
-                    await _flush(cwriter)
-                    raise _Reset
-                if fault is FaultKind.TRUNCATE:
-                    return False
-                await _flush(cwriter)
-                await asyncio.sleep(self.faults.stall_s)
-                cwriter.transport.set_write_buffer_limits()
-                await self._send(cwriter, data[cut - sent:])
-                fault = None
+                if not await self._break(fault, client, data[: cut - sent], data[cut - sent:]):
+                    return
+                fault = None  # a stalled body resumed
         except UpstreamError as exc:
             log.warning("link emulator: the upstream's response body broke off: %s", exc)
             self.count(upstream_error=True)
-            return False
-        await cwriter.drain()
+
+    async def _break(self, fault: FaultKind, client: Peer, before: bytes, after: bytes) -> bool:
+        """Send ``before``, then break the body as ``fault`` says; whether it goes on (a stall, with ``after``).
+        The client's h11 connection is left mid-body by a reset or a truncation: the socket ends next."""
+        await self._send(client, h11.Data(data=before))
+        if fault is FaultKind.TRUNCATE:
+            return False  # closed short of the promised length
+        await _flush(client.writer)
+        if fault is FaultKind.RESET:
+            raise _Reset
+        await asyncio.sleep(self.faults.stall_s)
+        client.writer.transport.set_write_buffer_limits()
+        await self._send(client, h11.Data(data=after))
         return True
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        if not data:
+    async def _send(self, client: Peer, event: h11.Data | h11.EndOfMessage) -> None:
+        """Send a body event to the client; a body's bytes wait for the link's bucket first."""
+        if isinstance(event, h11.Data) and not event.data:
             return
-        if self.down is not None:
+        data = client.encode(event)
+        if self.down is not None and isinstance(event, h11.Data):
             await _pace(self.down, len(data))
-        writer.write(data)
-        self.count(sent=len(data))
-        await writer.drain()
+        client.write(data)
+        await client.writer.drain()
 
 
-async def _upstream_body(up_reader: asyncio.StreamReader, framing: Framing, max_slice: int) -> AsyncIterator[bytes]:
-    """The upstream's body slices; an upstream that breaks off raises :class:`UpstreamError`."""
+def _peek(up: Peer) -> h11.Event | None:
+    """The upstream's next event if h11 has it without reading more (``None``: it needs bytes);
+    a response without a body (HEAD, 204, 304, ``Content-Length: 0``) ends at once."""
     try:
-        async for data in body_slices(up_reader, framing, max_slice):
-            yield data
-    except (ProtocolError, ConnectionError) as exc:
+        event = up.conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise UpstreamError(str(exc)) from None
+    return event if isinstance(event, h11.Event) else None
+
+
+async def _upstream_body(up: Peer, first: h11.Event | None) -> AsyncIterator[h11.Data | h11.EndOfMessage]:
+    """The upstream's body events to its end (trailer fields included); one that breaks off raises
+    :class:`UpstreamError`."""
+    try:
+        event = first if first is not None else await up.next_event()
+        while isinstance(event, h11.Data):
+            yield event
+            event = await up.next_event()
+    except (h11.RemoteProtocolError, ConnectionError) as exc:
         raise UpstreamError(str(exc) or type(exc).__name__) from None
+    if not isinstance(event, h11.EndOfMessage):
+        raise UpstreamError(f"unexpected {type(event).__name__} in a response body")
+    yield event
+
+
+def _content_length(head: h11.Response) -> int | None:
+    """The body length the upstream promised (h11 checked the field); ``None``: chunked or until close."""
+    fields = dict(head.headers)
+    if b"transfer-encoding" in fields or b"content-length" not in fields:
+        return None
+    return int(fields[b"content-length"])
+
+
+async def _refuse(client: Peer, exc: h11.RemoteProtocolError) -> None:
+    """Answer a request h11 could not read with the status it suggests (400, 413, 431, 501) if no
+    response has begun and the client is still there."""
+    if client.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE) or client.reader.at_eof():
+        return
+    status = exc.error_status_hint
+    body = f"link emulator: {exc}\n".encode()
+    with contextlib.suppress(h11.ProtocolError, ConnectionError):
+        await client.send(whole_response(status, HTTPStatus(status).phrase, [("Content-Type", "text/plain")], body,
+                                         head_only=False, close=True))
 
 
 async def _pace(bucket: TokenBucket, n: int) -> None:

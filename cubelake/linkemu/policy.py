@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 
 from .spec import FaultKind, FaultSpec, LinkSpec
 
-__all__ = ["TokenBucket", "bucket_for", "cut_point", "decide_fault", "error_response", "slice_bytes", "ttfb_s", "unit_draw"]
+__all__ = ["ErrorResponse", "TokenBucket", "bucket_for", "cut_point", "decide_fault", "error_response", "slice_bytes", "ttfb_s", "unit_draw"]
 
 _MIN_SLICE, _MAX_SLICE = 1024, 64 * 1024
 _SLICE_S = 0.002  # a slice is at most ~2 ms of the link's time: pacing stays smooth at any rate
@@ -104,18 +104,23 @@ _ERRORS = {
 }
 
 
-def error_response(kind: FaultKind, resource: str, request_id: str, retry_after_s: int,
-                   keep_alive: bool, with_body: bool) -> bytes:
-    """The whole HTTP response of an injected S3 error (``503 SlowDown`` or ``500 InternalError``)."""
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """An injected S3 error: status, reason, header fields (framing aside) and the XML body."""
+
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def error_response(kind: FaultKind, resource: str, request_id: str, retry_after_s: int) -> ErrorResponse:
+    """The response of an injected S3 error (``503 SlowDown`` or ``500 InternalError``)."""
     status, reason, code, message = _ERRORS[kind]
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f"<Error><Code>{code}</Code><Message>{message}</Message><Resource>{escape(resource)}</Resource>"
             f"<RequestId>{request_id}</RequestId></Error>").encode()
-    lines = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/xml", f"Content-Length: {len(body)}",
-             f"x-amz-request-id: {request_id}", "Server: cubelake-linkemu"]
+    headers = [("Content-Type", "application/xml"), ("x-amz-request-id", request_id), ("Server", "cubelake-linkemu")]
     if kind is FaultKind.SLOWDOWN:
-        lines.append(f"Retry-After: {retry_after_s}")
-    if not keep_alive:
-        lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + body if with_body else head
+        headers.append(("Retry-After", str(retry_after_s)))
+    return ErrorResponse(status, reason, tuple(headers), body)
