@@ -6,6 +6,7 @@ Import order (imports point one way; lower layers never import higher ones)::
     cubelake.record                     the typed, versioned scene record (scene.json)
     cubelake.cube                       the cube spec and CF encoding every product shares
     cubelake.yamlsafe                   bounded YAML for untrusted files
+    cubelake.linkemu                    an emulated network link (HTTP proxy) for S3 endpoints; errors only
     cubelake.lake                       the lake on disk (layout, atomic publish, locks)
     cubelake.products                   a scene's product as an analysis-ready xarray Dataset
     cubelake.refs                       kerchunk references (the core only; never the ingest, except

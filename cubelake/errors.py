@@ -19,6 +19,7 @@ __all__ = [
     "ItemNotFoundError",
     "LakeError",
     "LakeFullError",
+    "LinkEmulatorError",
     "NoCubeError",
     "NotReferenceableError",
     "ProfileError",
@@ -130,3 +131,7 @@ class ItemNotFoundError(CatalogError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class LinkEmulatorError(CubelakeError, OSError):
+    """The link emulator cannot start or is used when not running (port in use, started twice)."""

@@ -61,8 +61,8 @@ def readme_blocks() -> list[Block]:
 BLOCKS = readme_blocks()
 
 
-#: blocks of this section run against an S3-protocol server, with the variables their comment names set
-S3_SECTION = "Lakes on object storage (S3)"
+#: blocks of these sections run against an S3-protocol server, with the variables their comment names set
+S3_SECTIONS = ("Lakes on object storage (S3)", "Emulating a link")
 EXTRA_ENV: dict[str, str] = {}
 
 
@@ -147,6 +147,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
 PY_OUTPUT: dict[str, list[str]] = {
     "refs.combine_refs(": ["EPSG:32633", "{'scene': 2, 'band': 1, 'y': 549, 'x': 549}"],
     'lake="s3://my-bucket/lake"': ["4 True"],
+    "LinkEmulator(os.environ": ["True 2 {'503': 0, '500': 1, 'reset': 0, 'truncate': 0, 'stall': 0}"],
 }
 EXIT_CODES = {"cubelake validate ../shared/data/real/bad_inputs": 1}  # its inputs are bad: exit 1 says so
 
@@ -202,7 +203,7 @@ def load_profile_block(block: Block, where: Path) -> None:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.FixtureRequest) -> None:
-    if block.section == S3_SECTION:
+    if block.section in S3_SECTIONS:
         request.getfixturevalue("s3_env")
     if block.lang == "" and not block.text.startswith("$ "):
         assert block.text.lstrip().startswith("lake/"), "only the lake's folder tree is not code"

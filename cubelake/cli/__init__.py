@@ -14,6 +14,7 @@ from . import lake as _lake
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
+from .link import link_app
 from .refs import refs_app
 
 __all__ = ["app", "main"]
@@ -38,6 +39,7 @@ app.add_typer(_lake.lake_app, name="lake")
 app.command("profiles")(_profiles.profiles_cmd)
 app.add_typer(refs_app, name="refs")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(link_app, name="link")
 
 
 def main() -> None:
