@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -68,6 +69,15 @@ def _has_fill(arr: np.ndarray, fill: float | None) -> bool:
     # one reduction, no 16 MiB temporary: fill values usually sit at the type's edge (-32768, 0, -9999)
     lo, hi = arr.min(), arr.max()
     return bool(lo <= fill <= hi) and bool((arr == np.asarray(fill).astype(arr.dtype)).any())
+
+
+def _describe(error: BaseException) -> str:
+    """An error for a message: ours say what happened; others get their type (``struct.error: ...``)."""
+    if isinstance(error, CubelakeError):
+        return str(error)
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{name}: {error}"
 
 
 class ChunkReader:
@@ -158,31 +168,41 @@ class ChunkReader:
                     todo.append(k)
         if not todo:
             return
-        for group in self._groups(todo):
-            self._pool.submit(self._load_group, group)
+        try:
+            groups = self._groups(todo)
+        except Exception as e:  # e.g. a product's chunk index failing: the chunks fail, none waits forever
+            groups = []
+            for k in todo:
+                self._fail(k, e)
+        for n, group in enumerate(groups):
+            try:
+                self._pool.submit(self._load_group, group)
+            except RuntimeError as e:  # the pool was shut down (the dataset closed): nobody will load the rest
+                for k in (k for g in groups[n:] for k in g):
+                    self._fail(k, e)
+                break
 
     def get(self, key: ChunkKey) -> np.ndarray | None:
         """The decoded chunk ``(band, y, x)``; ``None`` if it failed (and ``strict`` is off)."""
-        with self._lock:
-            arr = self._mem.get(key)
-            if arr is not None:
-                self._mem.move_to_end(key)
-                self.metrics.cache_hits += 1
-                return arr
-            if key in self._failed:
-                if self.config.strict:
-                    raise ChunkReadError(self._failed[key])
-                return None
-            fut = self._inflight.get(key)
-        if fut is None:
-            self.request([key])
+        for _ in range(2):  # held, failed or in flight; else requested once (which makes it one of those)
             with self._lock:
                 arr = self._mem.get(key)
+                if arr is not None:
+                    self._mem.move_to_end(key)
+                    self.metrics.cache_hits += 1
+                    return arr
+                failed = self._failed.get(key)
                 fut = self._inflight.get(key)
-            if arr is not None:
-                return arr
-            if fut is None:
+            if failed is not None:
+                if self.config.strict:
+                    raise ChunkReadError(failed)
                 return None
+            if fut is not None:
+                return self._wait(fut)
+            self.request([key])
+        return None
+
+    def _wait(self, fut: Future[np.ndarray]) -> np.ndarray | None:
         self.metrics.add(cache_misses=1)
         t0 = time.perf_counter()
         try:
@@ -249,15 +269,30 @@ class ChunkReader:
         return groups + singles
 
     def _load_group(self, keys: list[ChunkKey]) -> None:
+        """Fetch and decode a group on a pool thread. Whatever goes wrong, every chunk of the group ends
+        decoded or failed: a future left unresolved would hang the consumer waiting on it."""
+        try:
+            self._fetch_and_decode(keys)
+        except BaseException as e:  # reported to the consumer through the futures, not lost
+            for k in keys:
+                with self._lock:
+                    pending = k in self._inflight
+                if pending:
+                    self._fail(k, e)
+            if not isinstance(e, Exception):
+                raise  # KeyboardInterrupt/SystemExit: after the futures are resolved
+
+    def _fetch_and_decode(self, keys: list[ChunkKey]) -> None:
         attempts = self.config.retries + 1
         for attempt in range(attempts):
             try:
                 raw = self._fetch(keys)
                 break
-            except (OSError, ValueError, RuntimeError) as e:  # storage and transport errors
+            except (OSError, ValueError, RuntimeError) as e:  # storage and transport errors (timeouts too): retried
                 if attempt + 1 < attempts:
                     self.metrics.add(retries=1)
-                    time.sleep(self.config.backoff_s * 2**attempt)
+                    # exponential backoff with full jitter: readers hitting one throttled store spread out
+                    time.sleep(random.uniform(0, self.config.backoff_s * 2**attempt))
                     continue
                 if len(keys) > 1:  # isolate the bad chunk: retry each on its own
                     for k in keys:
@@ -332,7 +367,7 @@ class ChunkReader:
                     arr[p.band_start:p.band_stop] = src.decoder(data, None)[: p.band_stop - p.band_start]
             if arr.shape != src.chunk_shape:
                 raise ValueError(f"decoded shape {arr.shape}, expected {src.chunk_shape}")
-        except (ValueError, RuntimeError, TypeError, OSError) as e:  # codec errors (blosc, zstd, imagecodecs)
+        except Exception as e:  # any codec error (blosc, zstd, imagecodecs, struct, zlib) fails the chunk
             self._fail(key, e)
             return
         dt = time.perf_counter() - t0
@@ -356,7 +391,7 @@ class ChunkReader:
         src = self.sources[key[0]]
         cy, cx = divmod(key[1], src.grid.n_cols)
         msg = (f"{src.url}: chunk (row {cy}, col {cx}) of scene {src.scene_id} failed after "
-               f"{self.config.retries + 1} attempts: {error}")
+               f"{self.config.retries + 1} attempts: {_describe(error)}")
         with self._lock:
             self._failed[key] = msg
             self._reserved -= self._nbytes(key)
