@@ -1,0 +1,75 @@
+"""The capacity planner's arithmetic on inputs whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from cubelake.loaders.capacity import Link, Workload, fetch_rate, predict, requests_to_fill
+
+LINK = Link(bandwidth_bps=200e6, ttfb_s=0.040)  # 25 MB/s
+MIB = 1024 * 1024
+
+
+def _work(compute_s: float = 0.5, decode: float = 400e6) -> Workload:
+    return Workload(bytes_per_sample=1e6, batch_size=8, request_bytes=MIB, decode_bytes_per_s=decode,
+                    compute_s=compute_s)
+
+
+def test_fetch_rate_is_requests_over_their_time_capped_by_the_link() -> None:
+    per_request = 0.040 + MIB / 25e6  # 81.9 ms
+    assert fetch_rate(LINK, MIB, 1) == pytest.approx(MIB / per_request)  # 12.8 MB/s
+    assert fetch_rate(LINK, MIB, 2) == 25e6  # 25.6 MB/s asked: the link's 25 MB/s
+    assert requests_to_fill(LINK, MIB) == 2  # ceil(0.95 * (1 + 0.04 * 25e6 / 2**20)) = ceil(1.856)
+    assert requests_to_fill(Link(1e9, 0.080), 256 * 1024) == 38  # ceil(0.95 * (1 + 0.08 * 125e6 / 262144)) = ceil(37.2)
+
+
+def test_too_few_requests_in_flight_is_latency_bound() -> None:
+    p = predict(LINK, _work(), concurrency=1)
+    assert p.fetch_s == pytest.approx(8e6 / fetch_rate(LINK, MIB, 1))  # 0.625 s
+    assert p.decode_s == pytest.approx(0.02)
+    assert p.load_s == pytest.approx(p.fetch_s)
+    assert p.utilisation == pytest.approx(0.5 / p.fetch_s)  # 0.80
+    assert p.stall_fraction == pytest.approx(1 - 0.5 / p.fetch_s)
+    assert p.samples_per_s == pytest.approx(8 / p.fetch_s)
+    assert p.required_bps == pytest.approx(128e6)
+    assert p.bandwidth_ok
+    assert p.binding == "latency"
+    assert p.recommended_concurrency == 2
+    assert "keep 2 in flight" in p.explanation
+
+
+def test_enough_requests_make_it_compute_bound() -> None:
+    p = predict(LINK, _work(), concurrency=2)
+    assert (p.binding, p.utilisation, p.stall_fraction) == ("compute", 1.0, 0.0)
+    assert p.samples_per_s == pytest.approx(16.0)  # 8 samples per 0.5 s
+    assert p.recommended_prefetch == 2  # ceil(0.32 / 0.5) + 1
+    assert p.recommended_cache_bytes == int(2 * MIB + 3 * 8e6)
+
+
+def test_a_model_faster_than_the_link_is_bandwidth_bound() -> None:
+    p = predict(LINK, _work(compute_s=0.2), concurrency=4)
+    assert p.binding == "bandwidth"
+    assert p.required_bps == pytest.approx(320e6)
+    assert not p.bandwidth_ok
+    assert p.load_s == pytest.approx(0.32)  # 8 MB at 25 MB/s
+    assert p.utilisation == pytest.approx(0.2 / 0.32)
+    assert p.recommended_prefetch == 3  # ceil(0.32 / 0.2) + 1
+    assert "320 Mbit/s and the link carries 200" in p.explanation
+
+
+def test_slow_decoding_is_decode_bound_and_the_cache_budget_caps_concurrency() -> None:
+    p = predict(LINK, _work(decode=10e6), concurrency=4)
+    assert p.binding == "decode"
+    assert p.load_s == pytest.approx(0.8)
+    far = Link(1e9, 0.080)
+    assert predict(far, _work(), concurrency=1).recommended_concurrency == 11  # ceil(0.95*(1+0.08*125e6/2**20))
+    assert predict(far, _work(), concurrency=1, cache_budget_bytes=8 * MIB).recommended_concurrency == 4
+
+
+@pytest.mark.parametrize(("kw", "match"), [({"bandwidth_bps": 0, "ttfb_s": 0.01}, "bandwidth"),
+                                           ({"bandwidth_bps": 1e9, "ttfb_s": -1}, "first byte")])
+def test_impossible_links_are_refused(kw: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Link(**kw)
+    with pytest.raises(ValueError, match="compute_s"):
+        _work(compute_s=0)
