@@ -5,7 +5,8 @@
 >>> ds = CubeDataset(["lake/scenes/a", "lake/scenes/b"], sampling=Sampling(size=32, stride=16))
 >>> for batch in DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, pin_memory=True): ...
 
-Import order: ``plan`` (pure) <- ``storage`` <- ``sources`` <- ``metrics``, ``spectral`` <- ``reader`` <- ``dataset``.
+Import order: ``plan``, ``capacity`` (pure) <- ``cache`` <- ``sources`` <- ``metrics``, ``spectral`` <- ``reader``
+<- ``dataset``; ``planner`` measures a dataset and probes its link for ``capacity``.
 torch is imported by ``dataset`` only.
 """
 
@@ -21,9 +22,11 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - exercised in a subproc
 from cubelake.grid import ChunkGrid
 
 from .cache import DiskCache, coalesce
+from .capacity import Link, Prediction, Workload, predict
 from .dataset import CubeDataset, Sampling
 from .metrics import LoaderMetrics
 from .plan import EpochPlan, PlanSpec, Randomness, SampleTable, plan_epoch, randomness
+from .planner import plan_capacity, probe_link
 from .reader import ChunkReader, ChunkReadError, ReaderConfig
 from .sources import ChunkSource, ProductError, open_source, open_sources
 from .spectral import Projection, Spectral, fit_pca, select_bands
@@ -36,8 +39,10 @@ __all__ = [
     "CubeDataset",
     "DiskCache",
     "EpochPlan",
+    "Link",
     "LoaderMetrics",
     "PlanSpec",
+    "Prediction",
     "ProductError",
     "Projection",
     "Randomness",
@@ -45,11 +50,15 @@ __all__ = [
     "SampleTable",
     "Sampling",
     "Spectral",
+    "Workload",
     "coalesce",
     "fit_pca",
     "open_source",
     "open_sources",
+    "plan_capacity",
     "plan_epoch",
+    "predict",
+    "probe_link",
     "randomness",
     "select_bands",
 ]

@@ -1,0 +1,101 @@
+"""The capacity planner's measurements: a short run of the loader, and a probe of the link to the store.
+
+:func:`plan_capacity` answers "will training stall on this link, and what should change?" for a
+:class:`~cubelake.loaders.CubeDataset`: it serves a few batches to measure what the workload
+asks of storage (bytes per sample, request size, decode rate), probes the link to the products'
+store (time to first byte, bandwidth) unless one is given, and hands both to the arithmetic in
+:mod:`.capacity`.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+from cubelake.errors import CubelakeError
+from cubelake.storage import S3Options, object_at
+
+from .capacity import Link, Prediction, Workload, predict
+from .metrics import LoaderMetrics
+
+if TYPE_CHECKING:
+    from .dataset import CubeDataset
+
+__all__ = ["measure_workload", "plan_capacity", "probe_link", "workload_from_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+def workload_from_metrics(m: LoaderMetrics, compute_s: float, decode_threads: int) -> Workload:
+    """What a measured run asked of storage, per sample and per request, and how fast it decoded.
+
+    ``decode_s`` sums the decode threads' time, so their joint rate is ``threads`` times bytes/time.
+    """
+    if m.samples == 0 or m.batches == 0 or m.requests == 0 or m.bytes_fetched == 0:
+        raise CubelakeError("the measured run fetched nothing from storage (all chunks cached, or no samples); "
+                            "measure with an empty cache and at least one batch")
+    decode_rate = m.bytes_fetched * max(1, decode_threads) / max(m.decode_s, 1e-9)
+    return Workload(bytes_per_sample=m.bytes_fetched / m.samples, batch_size=max(1, round(m.samples / m.batches)),
+                    request_bytes=m.bytes_fetched / m.requests, decode_bytes_per_s=decode_rate, compute_s=compute_s)
+
+
+def measure_workload(ds: CubeDataset, compute_s: float, batches: int = 16) -> tuple[Workload, LoaderMetrics]:
+    """Serve up to ``batches`` batches of epoch 0 and measure what they asked of storage."""
+    ds.set_epoch(0)
+    served = 0
+    for _ in ds:
+        served += 1
+        if served >= batches:
+            break
+    m = ds.metrics()
+    log.info("measured %d batches: %d samples, %d requests, %d bytes fetched", served, m.samples, m.requests,
+             m.bytes_fetched)
+    return workload_from_metrics(m, compute_s, ds.reader_config.threads), m
+
+
+def probe_link(url: str, options: S3Options | None = None, *, repeats: int = 5, probe_bytes: int = 8 * 1024 * 1024,
+               streams: int = 4) -> Link:
+    """Time to first byte (median of ``repeats`` 1-byte reads) and bandwidth (``streams`` concurrent ranges
+    of one object, ``probe_bytes`` in all) of the link to the object at ``url``."""
+    store, key = object_at(url, options)
+    size = store.head(key).size
+    if size == 0:
+        raise CubelakeError(f"{url}: an empty object cannot measure a link; probe a product's data object")
+    ttfb = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        store.get_ranges(key, [0], [1])
+        ttfb.append(time.perf_counter() - t0)
+    r = statistics.median(ttfb)
+    total = min(size, probe_bytes)
+    part = max(1, total // max(1, streams))
+    starts = list(range(0, total - part + 1, part))[:streams]
+    t0 = time.perf_counter()
+    got = sum(len(b) for b in store.get_ranges(key, starts, [s + part for s in starts]))
+    elapsed = time.perf_counter() - t0
+    bandwidth = 8 * got / max(elapsed - r, elapsed / 2, 1e-6)  # the first byte's wait is not transfer time
+    log.info("%s: time to first byte %.1f ms, %.0f Mbit/s over %d bytes", url, r * 1000, bandwidth / 1e6, got)
+    return Link(bandwidth_bps=bandwidth, ttfb_s=r)
+
+
+def _probe_url(ds: CubeDataset) -> str:
+    """An object of the dataset's first scene that holds chunk data (the probe reads ranges of it)."""
+    src = ds.sources[0]
+    for cy in range(src.grid.n_rows):
+        for cx in range(src.grid.n_cols):
+            pieces = src.pieces(cy, cx)
+            if pieces:
+                return pieces[0].url
+    raise CubelakeError(f"{src.url}: no stored chunk to probe the link with")
+
+
+def plan_capacity(ds: CubeDataset, *, compute_s: float, link: Link | None = None, batches: int = 16,
+                  storage_options: S3Options | None = None) -> tuple[Prediction, Workload, Link]:
+    """Predict samples/s and stall for ``ds`` on ``link`` (probed from its store when not given)."""
+    work, _ = measure_workload(ds, compute_s, batches)
+    if link is None:
+        link = probe_link(_probe_url(ds), storage_options or ds.sources[0].storage_options)
+    cfg = ds.reader_config
+    return predict(link, work, concurrency=max(1, cfg.threads), cache_budget_bytes=cfg.cache_bytes), work, link

@@ -1,0 +1,66 @@
+"""The capacity planner measured end to end: a product on a real S3-protocol server behind an emulated
+200 Mbit/s link with 40 ms to first byte (cubelake.linkemu), probed and planned by the loader."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from cubelake.linkemu import LinkEmulator, LinkSpec
+from cubelake.loaders import (
+    CubeDataset,
+    LoaderMetrics,
+    PlanSpec,
+    Sampling,
+    plan_capacity,
+    predict,
+    probe_link,
+)
+from cubelake.loaders.planner import workload_from_metrics
+from cubelake.storage import S3Options
+
+from ..conftest import S3Server
+
+
+@pytest.fixture
+def shaped_cog(synth_lake: dict[str, Any], s3_server: S3Server, s3_bucket: str) -> Any:
+    cog = synth_lake["scenes"][1] / "scene_b.tif"
+    s3_server.client().upload_file(str(cog), s3_bucket, "products/scene_b.tif")
+    with LinkEmulator(s3_server.endpoint, link=LinkSpec.preset("200mbps", ttfb_ms=40)) as emu:
+        opts = S3Options.coerce({**s3_server.options, "endpoint_url": emu.endpoint})
+        yield f"s3://{s3_bucket}/products/scene_b.tif", opts, emu
+
+
+def test_the_probe_measures_the_emulated_link(shaped_cog: Any) -> None:
+    url, opts, _ = shaped_cog
+    link = probe_link(url, opts)
+    assert 0.035 <= link.ttfb_s <= 0.080  # 40 ms imposed (+ moto's own few ms)
+    assert 150e6 <= link.bandwidth_bps <= 230e6  # 200 Mbit/s imposed
+
+
+def test_plan_capacity_measures_the_workload_and_names_the_binding_constraint(shaped_cog: Any) -> None:
+    url, opts, emu = shaped_cog
+    ds = CubeDataset([url], storage_options=opts, prefer=("cog",), sampling=Sampling(size=32, stride=32, labels="none"),
+                     plan=PlanSpec(batch_size=8))
+    pred, work, link = plan_capacity(ds, compute_s=0.001, batches=4)
+    m = ds.metrics()
+    assert work.bytes_per_sample == pytest.approx(m.bytes_fetched / m.samples)
+    assert work.request_bytes == pytest.approx(m.bytes_fetched / m.requests)
+    assert work.batch_size == 8
+    assert emu.stats.requests >= m.requests  # every request went through the emulated link
+    # a 1 ms model on a 200 Mbit/s link with 40 ms to first byte cannot be fed: the link or its latency binds
+    assert pred.binding in ("bandwidth", "latency")
+    assert pred.stall_fraction > 0.5
+    assert pred.required_bps == pytest.approx(8 * work.batch_bytes / 0.001)
+    assert not pred.bandwidth_ok
+    assert pred.recommended_concurrency >= 1
+    assert str(round(link.ttfb_s * 1000)) in pred.explanation or pred.binding == "bandwidth"
+    slow_model = predict(link, dataclasses.replace(work, compute_s=60.0), concurrency=ds.reader_config.threads)
+    assert (slow_model.binding, slow_model.stall_fraction) == ("compute", 0.0)
+
+
+def test_a_run_that_fetched_nothing_cannot_be_planned() -> None:
+    with pytest.raises(Exception, match="fetched nothing from storage"):
+        workload_from_metrics(LoaderMetrics(samples=10, batches=1), compute_s=0.1, decode_threads=2)
