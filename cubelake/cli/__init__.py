@@ -15,6 +15,7 @@ from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
 from .link import link_app
+from .loader import loader_app
 from .refs import refs_app
 
 __all__ = ["app", "main"]
@@ -40,6 +41,7 @@ app.command("profiles")(_profiles.profiles_cmd)
 app.add_typer(refs_app, name="refs")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(link_app, name="link")
+app.add_typer(loader_app, name="loader")
 
 
 def main() -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from cubelake.loaders import (
 from cubelake.loaders.planner import workload_from_metrics
 from cubelake.storage import S3Options
 
-from ..conftest import S3Server
+from ..conftest import S3Server, no_traceback, run_cli
 
 
 @pytest.fixture
@@ -64,3 +66,47 @@ def test_plan_capacity_measures_the_workload_and_names_the_binding_constraint(sh
 def test_a_run_that_fetched_nothing_cannot_be_planned() -> None:
     with pytest.raises(Exception, match="fetched nothing from storage"):
         workload_from_metrics(LoaderMetrics(samples=10, batches=1), compute_s=0.1, decode_threads=2)
+
+
+def test_cli_plans_a_lake_on_a_given_link(synth_lake: dict[str, Any]) -> None:
+    res = run_cli("loader", "plan", "--lake", str(synth_lake["lake"]), "--compute-ms", "50", "--link", "200mbps",
+                  "--ttfb-ms", "40", "--batches", "4", "--batch-size", "8", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(no_traceback(res))
+    p, w = doc["prediction"], doc["workload"]
+    assert doc["link"] == {"bandwidth_bps": 200e6, "ttfb_s": 0.04}
+    assert not doc["probed"]
+    assert w["batch_size"] == 8
+    assert p["load_s"] == pytest.approx(max(p["fetch_s"], p["decode_s"]))
+    assert p["samples_per_s"] == pytest.approx(8 / max(0.05, p["load_s"]))
+    assert p["binding"] in ("compute", "latency", "bandwidth", "decode")
+    text = run_cli("loader", "plan", str(synth_lake["scenes"][0]), "--compute-ms", "50", "--link", "1gbps",
+                   "--batches", "2", "--batch-size", "8")
+    assert text.returncode == 0, text.stderr
+    assert "link (given): 1,000 Mbit/s, 40.0 ms to first byte" in text.stdout
+    assert "recommended: ReaderConfig(threads=" in text.stdout
+
+
+def test_cli_probes_the_link_of_an_s3_product(shaped_cog: Any) -> None:
+    url, _, emu = shaped_cog
+    res = run_cli("loader", "plan", url, "--compute-ms", "5", "--prefer", "cog", "--batches", "2", "--batch-size", "8",
+                  "--format", "json", env={"AWS_ENDPOINT_URL": emu.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                                           "AWS_ALLOW_HTTP": "true"})
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(no_traceback(res))
+    assert doc["probed"]
+    assert 150e6 <= doc["link"]["bandwidth_bps"] <= 230e6
+    assert 0.035 <= doc["link"]["ttfb_s"] <= 0.080
+
+
+def test_cli_errors_name_what_is_wrong(tmp_path: Path) -> None:
+    bad_link = run_cli("loader", "plan", str(tmp_path), "--compute-ms", "5", "--link", "7parsecs")
+    assert bad_link.returncode == 2
+    assert "'7parsecs': not a link preset or rate" in " ".join(no_traceback(bad_link).split())
+    missing = run_cli("loader", "plan", str(tmp_path / "nope"), "--compute-ms", "5", "--link", "1gbps")
+    assert missing.returncode == 1
+    assert str(tmp_path / "nope") in " ".join(no_traceback(missing).split())
+    nothing = run_cli("loader", "plan", "--compute-ms", "5")
+    assert nothing.returncode == 2
+    assert "name products" in " ".join(no_traceback(nothing).split())
