@@ -135,6 +135,9 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "--geohash u336": _item_collection,
     "--intersects field.geojson": lambda out: _check("enmap_potsdam_tile_96_0" in out, out),
     "catalog validate": lambda out: _check(", 0 invalid" in out, out),
+    "loader plan lake/scenes/enmap_potsdam_tile_96_0": lambda out: _check(
+        "link (given): 200 Mbit/s, 40.0 ms to first byte" in out and "binding: " in out
+        and "recommended: ReaderConfig(threads=" in out, out),
     "refs check lake/scenes/scene_band1": lambda out: _check(out.startswith("ok: "), out),
     "refs check pair.json": lambda out: _check(out.startswith("ok: "), out),
     "refs build": lambda out: _check("--allow-root /" in out, out),  # says what check will need
