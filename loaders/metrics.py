@@ -3,13 +3,37 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderMetrics"]
+__all__ = ["LoaderMetrics", "latency_bucket", "latency_quantile"]
+
+#: request latency histogram: bucket i holds latencies up to 0.1 ms * 2**(i/4) (19 % wide), the last one the rest
+LATENCY_BUCKETS = 96
+
+
+def latency_bucket(seconds: float) -> int:
+    """The histogram bucket of a request that took ``seconds``."""
+    if seconds <= 1e-4:
+        return 0
+    return min(LATENCY_BUCKETS - 1, math.ceil(4 * math.log2(seconds / 1e-4)))
+
+
+def latency_quantile(hist: list[int], q: float) -> float:
+    """The ``q`` quantile (0..1) of a latency histogram, in seconds (the bucket's upper edge); 0 when empty."""
+    total = sum(hist)
+    if total == 0:
+        return 0.0
+    rank, seen = q * total, 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= rank:
+            return 1e-4 * 2 ** (i / 4)
+    return 1e-4 * 2 ** ((len(hist) - 1) / 4)
 
 _ADDITIVE = ("samples", "batches", "requests", "bytes_fetched", "bytes_decoded", "bytes_used", "chunks_decoded",
              "redecodes", "cache_hits", "cache_misses", "disk_hits", "disk_misses", "failed_chunks",
@@ -51,9 +75,23 @@ class LoaderMetrics:
     chunk_wait_s: float = 0.0  # the loader waiting for chunks to arrive and decode
     assemble_s: float = 0.0
     wall_s: float = 0.0
+    threads: int = 1  # fetch/decode threads of the reader (load time per batch divides their busy time)
+    inflight_peak: int = 0  # most storage requests in flight at once
+    request_hist: list[int] = field(default_factory=lambda: [0] * LATENCY_BUCKETS)  # request latencies
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._inflight = 0
+
+    def request_started(self) -> None:
+        with self._lock:
+            self._inflight += 1
+            self.inflight_peak = max(self.inflight_peak, self._inflight)
+
+    def request_done(self, seconds: float) -> None:
+        with self._lock:
+            self._inflight -= 1
+            self.request_hist[latency_bucket(seconds)] += 1
 
     def add(self, **kw: float) -> None:
         with self._lock:
@@ -67,6 +105,38 @@ class LoaderMetrics:
     @property
     def stall_fraction(self) -> float:
         return min(1.0, self.wait_s / self.wall_s) if self.wall_s > 0 else 0.0
+
+    def latency_ms(self, q: float) -> float:
+        """The ``q`` quantile of storage request latency (time to the whole response), ms."""
+        return 1000 * latency_quantile(self.request_hist, q)
+
+    @property
+    def throughput_bps(self) -> float:
+        """Bits fetched from storage per second of the epoch's wall time."""
+        return 8 * self.bytes_fetched / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def bytes_per_sample(self) -> float:
+        """``D``: bytes fetched from storage per sample served."""
+        return self.bytes_fetched / self.samples if self.samples else 0.0
+
+    @property
+    def load_s_per_batch(self) -> float:
+        """``T_d``: the loader's time per batch, its slowest stage: fetch + decode over its threads, or cutting."""
+        if not self.batches:
+            return 0.0
+        return max((self.fetch_s + self.decode_s) / max(1, self.threads), self.assemble_s) / self.batches
+
+    @property
+    def compute_s_per_batch(self) -> float:
+        """``T_c``: the consumer's time per batch when not waiting for the loader (the model, with ``timed``)."""
+        return max(0.0, self.wall_s - self.wait_s) / self.batches if self.batches else 0.0
+
+    @property
+    def utilisation_bound(self) -> float:
+        """``T_c / max(T_c, T_d)``: the consumer's busy share the loader allows."""
+        tc, td = self.compute_s_per_batch, self.load_s_per_batch
+        return tc / max(tc, td) if max(tc, td) > 0 else 0.0
 
     @property
     def read_amplification(self) -> float:
@@ -85,7 +155,11 @@ class LoaderMetrics:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(samples_per_s=self.samples_per_s, stall_fraction=self.stall_fraction,
-                 read_amplification=self.read_amplification, decode_amplification=self.decode_amplification)
+                 read_amplification=self.read_amplification, decode_amplification=self.decode_amplification,
+                 latency_ms={"p50": self.latency_ms(0.5), "p95": self.latency_ms(0.95), "p99": self.latency_ms(0.99)},
+                 throughput_bps=self.throughput_bps, bytes_per_sample=self.bytes_per_sample,
+                 load_s_per_batch=self.load_s_per_batch, compute_s_per_batch=self.compute_s_per_batch,
+                 utilisation_bound=self.utilisation_bound, utilisation=1 - self.stall_fraction)
         return d
 
     @classmethod
@@ -101,6 +175,10 @@ class LoaderMetrics:
             for k in _ADDITIVE:
                 setattr(out, k, getattr(out, k) + getattr(p, k))
             out.wall_s = max(out.wall_s, p.wall_s)
+            out.threads = max(out.threads, p.threads)
+            out.inflight_peak += p.inflight_peak  # workers run side by side: their peaks may coincide
+            hist = p.request_hist if len(p.request_hist) == LATENCY_BUCKETS else [0] * LATENCY_BUCKETS
+            out.request_hist = [a + b for a, b in zip(out.request_hist, hist, strict=True)]
         return out
 
     def save(self, path: Path) -> None:
@@ -119,6 +197,11 @@ class LoaderMetrics:
             f"({self.decode_amplification:.2f} per byte used), memory cache {self.cache_hits} hits / {self.cache_misses} misses",
             f"  time: fetch {self.fetch_s:.2f} s, decode {self.decode_s:.2f} s (thread time), waiting for chunks "
             f"{self.chunk_wait_s:.2f} s, cutting batches {self.assemble_s:.2f} s",
+            f"  link: {self.throughput_bps / 1e6:,.1f} Mbit/s fetched, {self.bytes_per_sample / 1024:,.1f} KiB per sample; "
+            f"request latency p50 {self.latency_ms(0.5):,.1f} / p95 {self.latency_ms(0.95):,.1f} / p99 "
+            f"{self.latency_ms(0.99):,.1f} ms, up to {self.inflight_peak} in flight",
+            f"  per batch: compute T_c {self.compute_s_per_batch * 1000:,.1f} ms, load T_d {self.load_s_per_batch * 1000:,.1f} "
+            f"ms: utilisation bound {self.utilisation_bound:.0%}, measured {1 - self.stall_fraction:.0%}",
             f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped, "
             f"{self.invalid_samples} below min_valid",
         ])

@@ -10,6 +10,7 @@ bytes for later epochs and other processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -18,7 +19,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -88,6 +89,7 @@ class ChunkReader:
         self.sources = list(sources)
         self.config = config
         self.metrics = metrics
+        metrics.threads = max(1, config.threads)
         self.disk = disk_cache
         self.pid = os.getpid()  # a forked child must not reuse this pool: its threads stay in the parent
         self._pool = ThreadPoolExecutor(max(1, config.threads), thread_name_prefix="cubelake-chunk")
@@ -106,6 +108,7 @@ class ChunkReader:
     # -- epoch --------------------------------------------------------------------------------------
 
     def new_epoch(self, metrics: LoaderMetrics) -> None:
+        metrics.threads = max(1, self.config.threads)
         with self._lock:
             self.metrics = metrics
             self._decoded.clear()
@@ -303,6 +306,17 @@ class ChunkReader:
         for k, parts in zip(keys, raw, strict=True):
             self._decode(k, parts)
 
+    @contextlib.contextmanager
+    def _request(self) -> Iterator[None]:
+        """Count a storage call in flight and its latency (the metrics' histogram)."""
+        metrics = self.metrics
+        metrics.request_started()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            metrics.request_done(time.perf_counter() - t0)
+
     def _fetch(self, keys: list[ChunkKey]) -> list[list[tuple[Piece, bytes | memoryview]]]:
         """Compressed bytes of each chunk's pieces: from the disk cache, else coalesced range reads."""
         out: list[list[tuple[Piece, bytes | memoryview]]] = []
@@ -330,14 +344,16 @@ class ChunkReader:
         requests = 0
         for ci, pi, p in whole:
             store, path = self._store(p.url, self.sources[keys[ci][0]])
-            data = store.get(path)
+            with self._request():
+                data = store.get(path)
             out[ci][pi] = (p, data)
             fetched += len(data)
             requests += 1
         for url, ranges in missing.items():
             store, path = self._store(url, src_of[url])
             merged = coalesce(ranges, self.config.max_gap)
-            bufs = store.get_ranges(path, [s for s, _, _ in merged], [e for _, e, _ in merged])
+            with self._request():
+                bufs = store.get_ranges(path, [s for s, _, _ in merged], [e for _, e, _ in merged])
             for (s, e, members), buf in zip(merged, bufs, strict=True):
                 if len(buf) != e - s:
                     raise OSError(f"{url}: got {len(buf)} bytes for range {s}-{e}")

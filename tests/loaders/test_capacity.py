@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from cubelake.loaders import LoaderMetrics
 from cubelake.loaders.capacity import Link, Workload, fetch_rate, predict, requests_to_fill
+from cubelake.loaders.metrics import latency_bucket
 
 LINK = Link(bandwidth_bps=200e6, ttfb_s=0.040)  # 25 MB/s
 MIB = 1024 * 1024
@@ -73,3 +77,25 @@ def test_impossible_links_are_refused(kw: dict[str, float], match: str) -> None:
         Link(**kw)
     with pytest.raises(ValueError, match="compute_s"):
         _work(compute_s=0)
+
+
+def test_metrics_explain_a_stall_with_hand_worked_numbers() -> None:
+    m = LoaderMetrics(samples=64, batches=4, bytes_fetched=8_000_000, fetch_s=1.6, decode_s=0.4, assemble_s=0.1,
+                      wait_s=0.3, wall_s=0.8, threads=2)
+    assert m.bytes_per_sample == 125_000
+    assert m.throughput_bps == pytest.approx(80e6)  # 64 Mbit in 0.8 s
+    assert m.load_s_per_batch == pytest.approx((1.6 + 0.4) / 2 / 4)  # 0.25 s: fetch + decode over 2 threads
+    assert m.compute_s_per_batch == pytest.approx((0.8 - 0.3) / 4)  # 0.125 s
+    assert m.utilisation_bound == pytest.approx(0.5)
+    assert m.to_dict()["utilisation"] == pytest.approx(1 - 0.3 / 0.8)
+    for s in (0.003, 0.040, 0.041, 0.045, 0.050, 0.9):
+        m.request_started()
+        m.request_done(s)
+    assert m.inflight_peak == 1
+    assert 40 <= m.latency_ms(0.5) <= 40 * 1.19  # the bucket holding 40-45 ms, 19 % wide
+    assert 900 <= m.latency_ms(0.99) <= 900 * 1.19
+    merged = LoaderMetrics.merge([m, LoaderMetrics.from_dict(json.loads(json.dumps(m.to_dict())))])
+    assert sum(merged.request_hist) == 12
+    assert merged.latency_ms(0.5) == m.latency_ms(0.5)
+    assert "utilisation bound 50%, measured 62%" in m.report()
+    assert [latency_bucket(s) for s in (0, 1e-4, 2e-4, 100.0, 1e6)] == [0, 0, 4, 80, 95]  # the last holds the rest

@@ -52,6 +52,10 @@ def test_plan_capacity_measures_the_workload_and_names_the_binding_constraint(sh
     assert work.request_bytes == pytest.approx(m.bytes_fetched / m.requests)
     assert work.batch_size == 8
     assert emu.stats.requests >= m.requests  # every request went through the emulated link
+    assert m.latency_ms(0.5) >= 40  # the link's 40 ms to first byte is in every request's latency
+    assert 0 < m.throughput_bps <= 230e6
+    assert m.inflight_peak >= 1
+    assert "request latency p50" in m.report()
     # a 1 ms model on a 200 Mbit/s link with 40 ms to first byte cannot be fed: the link or its latency binds
     assert pred.binding in ("bandwidth", "latency")
     assert pred.stall_fraction > 0.5
