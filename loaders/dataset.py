@@ -476,9 +476,11 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 need_end += 1
             reader.request([chunks[k] for k in range(next_req, need_end) if plan.last_use[k] >= lo])
             next_req = max(next_req, need_end)
-            # then keep up to `prefetch` chunks beyond them in flight or held, as the budget allows
+            # then keep up to `prefetch` chunks beyond them in flight or held (more when the adaptive reader
+            # wants more requests in flight), as the budget allows
             ahead: list[tuple[int, int]] = []
-            while next_req < len(chunks) and next_req - need_end < self.prefetch and reader.has_room(chunks[next_req]):
+            depth = max(self.prefetch, reader.chunks_ahead)
+            while next_req < len(chunks) and next_req - need_end < depth and reader.has_room(chunks[next_req]):
                 ahead.append(chunks[next_req])
                 next_req += 1
             reader.request(ahead)

@@ -77,6 +77,7 @@ class LoaderMetrics:
     wall_s: float = 0.0
     threads: int = 1  # fetch/decode threads of the reader (load time per batch divides their busy time)
     inflight_peak: int = 0  # most storage requests in flight at once
+    inflight_limit: int = 0  # the adaptive limit at the end (0: fixed at ``threads``)
     request_hist: list[int] = field(default_factory=lambda: [0] * LATENCY_BUCKETS)  # request latencies
 
     def __post_init__(self) -> None:
@@ -176,6 +177,7 @@ class LoaderMetrics:
                 setattr(out, k, getattr(out, k) + getattr(p, k))
             out.wall_s = max(out.wall_s, p.wall_s)
             out.threads = max(out.threads, p.threads)
+            out.inflight_limit = max(out.inflight_limit, p.inflight_limit)
             out.inflight_peak += p.inflight_peak  # workers run side by side: their peaks may coincide
             hist = p.request_hist if len(p.request_hist) == LATENCY_BUCKETS else [0] * LATENCY_BUCKETS
             out.request_hist = [a + b for a, b in zip(out.request_hist, hist, strict=True)]
@@ -199,7 +201,8 @@ class LoaderMetrics:
             f"{self.chunk_wait_s:.2f} s, cutting batches {self.assemble_s:.2f} s",
             f"  link: {self.throughput_bps / 1e6:,.1f} Mbit/s fetched, {self.bytes_per_sample / 1024:,.1f} KiB per sample; "
             f"request latency p50 {self.latency_ms(0.5):,.1f} / p95 {self.latency_ms(0.95):,.1f} / p99 "
-            f"{self.latency_ms(0.99):,.1f} ms, up to {self.inflight_peak} in flight",
+            f"{self.latency_ms(0.99):,.1f} ms, up to {self.inflight_peak} in flight"
+            + (f" (adaptive limit {self.inflight_limit})" if self.inflight_limit else ""),
             f"  per batch: compute T_c {self.compute_s_per_batch * 1000:,.1f} ms, load T_d {self.load_s_per_batch * 1000:,.1f} "
             f"ms: utilisation bound {self.utilisation_bound:.0%}, measured {1 - self.stall_fraction:.0%}",
             f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped, "

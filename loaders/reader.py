@@ -28,6 +28,7 @@ import numpy as np
 from cubelake.errors import CubelakeError
 from cubelake.storage import Store, object_at
 
+from .adaptive import AimdController, Gate
 from .cache import DiskCache, Range, coalesce
 from .metrics import LoaderMetrics
 from .sources import ChunkSource, Piece
@@ -50,6 +51,9 @@ class ReaderConfig:
     ``max_gap``: byte gap up to which neighbouring ranges of one file are read in one request.
     ``group``: most chunks per coalesced request. ``retries``/``backoff_s``: attempts after the
     first, with exponential backoff. ``strict``: raise on a failed chunk instead of dropping it.
+    ``adaptive``: start with ``threads`` requests in flight and let :class:`~.adaptive.AimdController`
+    grow them while throughput rises (up to ``max_threads``, and what the cache budget holds) and
+    halve them when the store throttles or fails.
     """
 
     cache_bytes: int = 1024 * 1024 * 1024
@@ -59,6 +63,8 @@ class ReaderConfig:
     retries: int = 2
     backoff_s: float = 0.05
     strict: bool = False
+    adaptive: bool = False  # requests in flight found by AIMD (loaders/adaptive.py), from threads up to max_threads
+    max_threads: int = 16
 
 
 def _has_fill(arr: np.ndarray, fill: float | None) -> bool:
@@ -92,7 +98,14 @@ class ChunkReader:
         metrics.threads = max(1, config.threads)
         self.disk = disk_cache
         self.pid = os.getpid()  # a forked child must not reuse this pool: its threads stay in the parent
-        self._pool = ThreadPoolExecutor(max(1, config.threads), thread_name_prefix="cubelake-chunk")
+        self._aimd: AimdController | None = None
+        self._gate: Gate | None = None
+        if config.adaptive:
+            hi = max(config.threads, min(config.max_threads, self._budget_requests(sources, config)))
+            self._aimd = AimdController(lo=1, hi=hi, limit=config.threads)
+            self._gate = Gate(self._aimd.limit)
+        pool = self._aimd.hi if self._aimd is not None else config.threads
+        self._pool = ThreadPoolExecutor(max(1, pool), thread_name_prefix="cubelake-chunk")
         self._lock = threading.Lock()
         self._mem: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()
         self._pinned: set[ChunkKey] = set()
@@ -292,6 +305,7 @@ class ChunkReader:
                 raw = self._fetch(keys)
                 break
             except (OSError, ValueError, RuntimeError) as e:  # storage and transport errors (timeouts too): retried
+                self._throttled()
                 if attempt + 1 < attempts:
                     self.metrics.add(retries=1)
                     # exponential backoff with full jitter: readers hitting one throttled store spread out
@@ -306,16 +320,47 @@ class ChunkReader:
         for k, parts in zip(keys, raw, strict=True):
             self._decode(k, parts)
 
+    @staticmethod
+    def _budget_requests(sources: Sequence[ChunkSource], config: ReaderConfig) -> int:
+        """Requests in flight the cache budget holds: a quarter of it, a chunk each (decoded size, the larger)."""
+        largest = max((src.chunk_nbytes for src in sources), default=1)
+        return max(1, int(config.cache_bytes / 4 // max(1, largest)))
+
+    @property
+    def chunks_ahead(self) -> int:
+        """Chunks to request ahead so the adaptive limit's requests can all be in flight (0: not adaptive)."""
+        return self._aimd.limit * max(1, self.config.group) if self._aimd is not None else 0
+
+    @property
+    def concurrency_history(self) -> list[int]:
+        """The adaptive limit after each of its decisions (empty when not adaptive)."""
+        return list(self._aimd.history) if self._aimd is not None else []
+
     @contextlib.contextmanager
-    def _request(self) -> Iterator[None]:
-        """Count a storage call in flight and its latency (the metrics' histogram)."""
+    def _request(self) -> Iterator[list[int]]:
+        """One storage call: held to the adaptive limit, counted in flight, its latency recorded; the caller
+        puts the bytes it got in the yielded list, which feed the adaptive controller."""
+        got = [0]
         metrics = self.metrics
-        metrics.request_started()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            metrics.request_done(time.perf_counter() - t0)
+        with self._gate if self._gate is not None else contextlib.nullcontext():
+            metrics.request_started()
+            t0 = time.perf_counter()
+            try:
+                yield got
+            finally:
+                metrics.request_done(time.perf_counter() - t0)
+        if self._aimd is not None and self._gate is not None and got[0]:
+            with self._lock:
+                limit = self._aimd.completed(got[0], time.perf_counter())
+            self._gate.set_limit(limit)
+            metrics.inflight_limit = limit
+
+    def _throttled(self) -> None:
+        if self._aimd is not None and self._gate is not None:
+            with self._lock:
+                limit = self._aimd.throttled()
+            self._gate.set_limit(limit)
+            self.metrics.inflight_limit = limit
 
     def _fetch(self, keys: list[ChunkKey]) -> list[list[tuple[Piece, bytes | memoryview]]]:
         """Compressed bytes of each chunk's pieces: from the disk cache, else coalesced range reads."""
@@ -344,16 +389,18 @@ class ChunkReader:
         requests = 0
         for ci, pi, p in whole:
             store, path = self._store(p.url, self.sources[keys[ci][0]])
-            with self._request():
+            with self._request() as got:
                 data = store.get(path)
+                got[0] = len(data)
             out[ci][pi] = (p, data)
             fetched += len(data)
             requests += 1
         for url, ranges in missing.items():
             store, path = self._store(url, src_of[url])
             merged = coalesce(ranges, self.config.max_gap)
-            with self._request():
+            with self._request() as got:
                 bufs = store.get_ranges(path, [s for s, _, _ in merged], [e for _, e, _ in merged])
+                got[0] = sum(len(b) for b in bufs)
             for (s, e, members), buf in zip(merged, bufs, strict=True):
                 if len(buf) != e - s:
                     raise OSError(f"{url}: got {len(buf)} bytes for range {s}-{e}")

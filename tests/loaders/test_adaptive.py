@@ -1,0 +1,127 @@
+"""Adaptive concurrency: the AIMD controller on a modelled link, then the reader on an emulated one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cubelake.linkemu import LinkEmulator, LinkSpec
+from cubelake.loaders import LoaderMetrics, ReaderConfig
+from cubelake.loaders.adaptive import AimdController, Gate
+from cubelake.loaders.capacity import Link, fetch_rate, requests_to_fill
+from cubelake.loaders.reader import ChunkReader
+from cubelake.loaders.sources import open_sources
+from cubelake.storage import S3Options
+
+from ..conftest import S3Server, hsi_cube, write_geotiff
+
+
+def _run(ctl: AimdController, link: Link, size: float, requests: int) -> float:
+    """Feed the controller completions at the rate its limit gets on ``link``; the time it all took."""
+    now = 0.0
+    for _ in range(requests):
+        now += size / fetch_rate(link, size, ctl.limit)
+        ctl.completed(int(size), now)
+    return now
+
+
+@pytest.mark.parametrize(("bps", "ttfb", "size"), [(200e6, 0.040, 2**20), (1e9, 0.080, 256 * 1024),
+                                                    (500e6, 0.020, 64 * 1024)])
+def test_the_controller_climbs_to_the_knee_and_stays_near_it(bps: float, ttfb: float, size: int) -> None:
+    link = Link(bps, ttfb)
+    knee = requests_to_fill(link, size)
+    ctl = AimdController(lo=1, hi=64, limit=1)
+    _run(ctl, link, size, 3000)
+    assert knee <= ctl.limit <= knee + 2  # it stops within a request or two past the knee
+    assert fetch_rate(link, size, ctl.limit) >= 0.95 * link.bytes_per_s
+    assert ctl.history == sorted(ctl.history)  # only increases without throttling
+
+
+def test_throttling_halves_the_limit_and_the_cap_holds() -> None:
+    ctl = AimdController(lo=1, hi=6, limit=1)
+    _run(ctl, Link(1e9, 0.080), 256 * 1024, 3000)
+    assert ctl.limit == 6  # the knee (38) is past the cap
+    assert ctl.throttled() == 3
+    assert ctl.throttled() == 1
+    assert ctl.throttled() == 1  # never below lo
+
+
+def test_the_gate_admits_at_most_its_limit() -> None:
+    gate = Gate(2)
+    held, peak, lock = [0], [0], threading.Lock()
+
+    def work() -> None:
+        with gate:
+            with lock:
+                held[0] += 1
+                peak[0] = max(peak[0], held[0])
+            time.sleep(0.02)
+            with lock:
+                held[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    gate.set_limit(3)
+    for t in threads:
+        t.join(10)
+    assert 2 <= peak[0] <= 3
+
+
+@pytest.fixture
+def big_cog(tmp_path: Path, s3_server: S3Server, s3_bucket: str) -> str:
+    """A 24 x 768 x 768 int16 tiled GeoTIFF (27 MiB, 144 tiles of 64 x 64) on the test server."""
+    path = write_geotiff(tmp_path / "big.tif", hsi_cube(24, 768, 768, seed=5), tiled=True, blockxsize=64,
+                         blockysize=64, interleave="pixel")
+    s3_server.client().upload_file(str(path), s3_bucket, "big.tif")
+    return f"s3://{s3_bucket}/big.tif"
+
+
+def _read_all(url: str, opts: S3Options, config: ReaderConfig) -> tuple[float, LoaderMetrics, list[int], Any]:
+    src = open_sources([url], storage_options=opts, prefer=("cog",))[0]
+    metrics = LoaderMetrics()
+    reader = ChunkReader([src], config, metrics)
+    keys = [(0, k) for k in range(src.grid.n_chunks)]
+    t0 = time.perf_counter()
+    reader.request(keys)
+    first = reader.get(keys[0])
+    for k in keys[1:]:
+        assert reader.get(k) is not None
+    elapsed = time.perf_counter() - t0
+    history = reader.concurrency_history
+    reader.close()
+    return elapsed, metrics, history, first
+
+
+def test_the_reader_finds_the_concurrency_an_emulated_link_needs(big_cog: str, s3_server: S3Server) -> None:
+    with LinkEmulator(s3_server.endpoint, link=LinkSpec.preset("500mbps", ttfb_ms=40)) as emu:
+        opts = S3Options.coerce({**s3_server.options, "endpoint_url": emu.endpoint})
+        fixed_s, fixed_m, _, a = _read_all(big_cog, opts, ReaderConfig(threads=1, group=1, cache_bytes=1 << 30))
+        adapt_s, adapt_m, history, b = _read_all(big_cog, opts, ReaderConfig(threads=1, group=1, adaptive=True,
+                                                                               max_threads=16, cache_bytes=1 << 30))
+    np.testing.assert_array_equal(a, b)
+    assert fixed_m.inflight_peak == 1
+    assert max(history) >= 4  # it grew well past the one request it started with
+    assert adapt_m.inflight_peak >= 4
+    assert adapt_s < fixed_s / 2  # and the scene arrived more than twice as fast
+
+
+def test_an_adaptive_dataset_keeps_enough_chunks_requested_ahead(big_cog: str, s3_server: S3Server) -> None:
+    from cubelake.loaders import CubeDataset, PlanSpec, Sampling
+
+    with LinkEmulator(s3_server.endpoint, link=LinkSpec.preset("500mbps", ttfb_ms=40)) as emu:
+        opts = S3Options.coerce({**s3_server.options, "endpoint_url": emu.endpoint})
+        ds = CubeDataset([big_cog], storage_options=opts, prefer=("cog",), prefetch=2,
+                         sampling=Sampling(size=64, stride=64, labels="none"), plan=PlanSpec(batch_size=16),
+                         reader=ReaderConfig(threads=1, group=1, adaptive=True, max_threads=16))
+        n = sum(len(b["scene"]) for b in ds)
+    m = ds.metrics()
+    assert n == ds.n_samples() == 144
+    assert m.inflight_limit >= 3  # the limit grew, and the plan kept that many chunks requested (prefetch=2 alone)
+    assert m.inflight_peak >= 3
+    assert "adaptive limit" in m.report()
