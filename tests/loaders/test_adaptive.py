@@ -128,23 +128,25 @@ def test_an_adaptive_dataset_keeps_enough_chunks_requested_ahead(big_cog: str, s
 
 
 def test_an_epoch_through_faults_serves_the_same_batches(big_cog: str, s3_server: S3Server) -> None:
-    """10 % of GETs answered 503/500, reset or truncated: the batches equal a fault-free epoch's, byte for byte."""
+    """10 % of GETs answered 503/500, reset, truncated or stalled: the batches equal a fault-free epoch's, byte
+    for byte (a stalled body is abandoned after the request timeout and asked again)."""
     import hashlib
 
     from cubelake.linkemu import FaultSpec
     from cubelake.loaders import CubeDataset, PlanSpec, Sampling
 
     def epoch(endpoint: str) -> list[str]:
-        opts = S3Options.coerce({**s3_server.options, "endpoint_url": endpoint})
+        opts = S3Options.coerce({**s3_server.options, "endpoint_url": endpoint, "request_timeout_s": 2})
         ds = CubeDataset([big_cog], storage_options=opts, prefer=("cog",), sampling=Sampling(size=64, stride=64,
                          labels="none"), plan=PlanSpec(batch_size=16, order="local"), prefetch_batches=0,
                          reader=ReaderConfig(threads=2, adaptive=True, max_threads=8, strict=True))
         return [hashlib.sha256(b["image"].numpy().tobytes()).hexdigest() for b in ds]
 
     clean = epoch(s3_server.endpoint)
-    faults = FaultSpec(rate=0.10, kinds="503,500,reset,truncate", retry_after_s=0)
+    faults = FaultSpec(rate=0.10, kinds="503,500,reset,truncate,stall", retry_after_s=0)
     with LinkEmulator(s3_server.endpoint, link=LinkSpec.preset("1gbps", ttfb_ms=20), faults=faults, seed=3) as emu:
         faulty = epoch(emu.endpoint)
     assert faulty == clean
     assert len(clean) == 9
-    assert sum(emu.stats.faults.values()) >= 2  # faults were injected and survived (retried by the client)
+    assert sum(emu.stats.faults.values()) >= 3  # faults were injected and survived (retried by the client)
+    assert emu.stats.faults["stall"] >= 1
