@@ -23,7 +23,7 @@ from typing import Any
 from .errors import CubelakeError, LakeError
 from .hashing import file_blake3, tree_blake3
 from .lake import AnyLake, Lake, open_lake
-from .object_lake import VERSION_KEY, ObjectLake
+from .object_lake import VERSION_KEY, ObjectLake, staging_root
 from .record import SceneRecord
 from .storage import Store, open_store
 
@@ -108,7 +108,8 @@ def copy_scene(src: AnyLake, dst: AnyLake, scene_id: str) -> int | None:
     there = dst.scene_record(scene_id)
     if there is not None and there.content_hash == record.content_hash and there.config_hash == record.config_hash:
         return None
-    staging = Path(tempfile.mkdtemp(prefix=f"cubelake-copy-{scene_id}-", dir=os.environ.get("CUBELAKE_STAGING")))
+    # in the staging root (created if missing), named <name>.<pid>.<random>: recover() removes it after a kill
+    staging = Path(tempfile.mkdtemp(prefix=f"copy-{scene_id}.{os.getpid()}.", dir=staging_root()))
     try:
         n = _fetch(src, scene_id, staging)
         _verify(staging, record, scene_id)

@@ -215,3 +215,16 @@ def test_profile_applies_and_is_recorded(tmp_path: Path, lake: Lake) -> None:
     assert rec["profile"]["name"] == "refl"
     assert rec["encoding"]["dtype"] == "int16"
     assert rec["calibration"]["quantity"] == "reflectance"
+
+
+def test_lake_copy_creates_a_missing_staging_folder_and_leaves_it_clean(tmp_path: Path) -> None:
+    from tests.conftest import no_traceback, run_cli
+
+    src = write_geotiff(tmp_path / "scene.tif", hsi_cube(8, 64, 64, seed=2))
+    res = ingest([src], tmp_path / "a", IngestOptions(chunk=32, products=("zarr",)))
+    assert res[0].outcome is Outcome.INGESTED, res[0].message
+    staging = tmp_path / "not" / "yet"
+    out = run_cli("lake", "copy", str(tmp_path / "a"), str(tmp_path / "b"), env={"CUBELAKE_STAGING": str(staging)})
+    assert out.returncode == 0, no_traceback(out)
+    assert Lake(tmp_path / "b", create=False).scene_ids() == ["scene"]
+    assert list((staging / "cubelake-staging").iterdir()) == []  # the copy's staging folder is gone
