@@ -9,6 +9,7 @@ store (time to first byte, bandwidth) unless one is given, and hands both to the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -42,7 +43,13 @@ def workload_from_metrics(m: LoaderMetrics, compute_s: float, decode_threads: in
 
 
 def measure_workload(ds: CubeDataset, compute_s: float, batches: int = 16) -> tuple[Workload, LoaderMetrics]:
-    """Serve up to ``batches`` batches of epoch 0 and measure what they asked of storage."""
+    """Serve up to ``batches`` batches of epoch 0 and measure what they asked of storage.
+
+    The first batches also fetch chunks prefetched for later ones, so bytes per sample are taken
+    over the whole epoch instead: the epoch plan's decoded bytes per sample (each chunk decoded
+    once) times the measured ratio of fetched to decoded bytes (the codec's), which prefetching
+    does not bias.
+    """
     ds.set_epoch(0)
     served = 0
     for _ in ds:
@@ -52,7 +59,12 @@ def measure_workload(ds: CubeDataset, compute_s: float, batches: int = 16) -> tu
     m = ds.metrics()
     log.info("measured %d batches: %d samples, %d requests, %d bytes fetched", served, m.samples, m.requests,
              m.bytes_fetched)
-    return workload_from_metrics(m, compute_s, ds.reader_config.threads), m
+    work = workload_from_metrics(m, compute_s, ds.reader_config.threads)
+    plan = ds.plan(0)
+    if m.bytes_decoded > 0 and len(plan.order) > 0:
+        decoded = sum(ds.sources[int(s)].chunk_nbytes for s, _ in plan.chunks) / len(plan.order)
+        work = dataclasses.replace(work, bytes_per_sample=decoded * m.bytes_fetched / m.bytes_decoded)
+    return work, m
 
 
 def probe_link(url: str, options: S3Options | None = None, *, repeats: int = 5, probe_bytes: int = 8 * 1024 * 1024,
