@@ -72,25 +72,11 @@ RATES = {"1gbps": 1000e6, "500mbps": 500e6, "200mbps": 200e6}
 
 
 def make_scenes(a: argparse.Namespace) -> list[Path]:
-    import rasterio
-    from synth import write_scene
+    from synth import cached_scenes
 
     h, w = (int(v) for v in a.shape.split("x"))
-    folder = a.work / "scenes" / f"{h}x{w}x{a.bands}"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i in range(a.scenes):
-        p = folder / f"rt{i:03d}.tif"
-        if p.exists():
-            with rasterio.open(p) as ds:
-                if ds.shape == (h, w) and ds.count == a.bands:
-                    out.append(p)
-                    continue
-        tmp = p.with_suffix(".partial.tif")
-        write_scene(tmp, height=h, width=w, bands=a.bands, block=256, seed=2000 + i)
-        tmp.rename(p)
-        out.append(p)
-    return out
+    return cached_scenes(a.work / "scenes" / f"{h}x{w}x{a.bands}", "rt", a.scenes, height=h, width=w,
+                         bands=a.bands, block=256, seed=2000)
 
 
 def build_lakes(a: argparse.Namespace, moto: Moto, scenes: list[Path]) -> tuple[Path, str, dict[str, float]]:

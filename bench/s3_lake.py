@@ -638,25 +638,11 @@ def print_catalog(doc: dict[str, Any]) -> None:
 
 
 def loader_scenes(a: argparse.Namespace) -> list[Path]:
-    import rasterio
-    from synth import write_scene
+    from synth import cached_scenes
 
     h, w = (int(v) for v in a.loader_shape.split("x"))
-    folder = a.scenes / f"loader_{h}x{w}x{a.bands}"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i in range(a.loader_scenes):
-        p = folder / f"tile{i:03d}.tif"
-        if p.exists():
-            with rasterio.open(p) as ds:
-                if ds.shape == (h, w) and ds.count == a.bands:
-                    out.append(p)
-                    continue
-        tmp = p.with_suffix(".partial.tif")
-        write_scene(tmp, height=h, width=w, bands=a.bands, block=CHUNK, seed=1000 + i)
-        tmp.rename(p)
-        out.append(p)
-    return out
+    return cached_scenes(a.scenes / f"loader_{h}x{w}x{a.bands}", "tile", a.loader_scenes, height=h, width=w,
+                         bands=a.bands, block=CHUNK, seed=1000)
 
 
 

@@ -90,3 +90,25 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def cached_scenes(folder: Path, prefix: str, count: int, *, height: int, width: int, bands: int, block: int,
+                  seed: int) -> list[Path]:
+    """``count`` scenes ``<prefix>NNN.tif`` in ``folder`` (seeds ``seed + i``), reusing those already written
+    with this shape; each written beside its name and renamed, so a killed run leaves no half scene."""
+    import rasterio
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(count):
+        p = folder / f"{prefix}{i:03d}.tif"
+        if p.exists():
+            with rasterio.open(p) as ds:
+                if ds.shape == (height, width) and ds.count == bands:
+                    out.append(p)
+                    continue
+        tmp = p.with_suffix(".partial.tif")
+        write_scene(tmp, height=height, width=width, bands=bands, block=block, seed=seed + i)
+        tmp.rename(p)
+        out.append(p)
+    return out
