@@ -57,13 +57,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from ingest_throughput import write_profile  # noqa: E402
-from s3_lake import CREDS, Moto, ceiling  # noqa: E402
+from s3_lake import BATCH, BIN, CREDS, MB, WIN, MiB, Moto, ceiling  # noqa: E402
 
-BIN = Path(sys.executable).parent
-MB = 1e6
-MiB = 1024**2
-WIN = 32
-BATCH = 64
 TTFB_MS = 40.0
 RATES = {"1gbps": 1000e6, "500mbps": 500e6, "200mbps": 200e6}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -102,14 +103,9 @@ def plan_cmd(
     except (CubelakeError, OSError) as exc:
         raise fail(exc if isinstance(exc, CubelakeError) else CubelakeError(str(exc))) from None
     if fmt is OutputFormat.json:
-        doc = {"prediction": pred.to_dict(), "workload": _asdict(work), "link": _asdict(used), "probed": given is None}
+        doc = {"prediction": pred.to_dict(), "workload": dataclasses.asdict(work), "link": dataclasses.asdict(used),
+               "probed": given is None}
         sys.stdout.write(json.dumps(doc) + "\n")
         return
     for line in _report(pred, work, used, given is None).splitlines():
         out_console().print(show(line))
-
-
-def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(obj)
