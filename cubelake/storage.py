@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime as dt
+import math
 import os
 import posixpath
 import shutil
@@ -58,7 +59,15 @@ _REMOTE = ("s3", "gs", "gcs", "az", "azure", "abfs", "memory", "http", "https")
 
 
 class StorageError(CubelakeError, OSError):
-    """An object store refused or failed an operation; the message names the URL and the fix."""
+    """An object store refused or failed an operation; the message names the URL and the fix.
+
+    ``transient``: the store may succeed if asked again (a timeout, a 5xx, a dropped connection),
+    as opposed to a refusal that will not change (no such object, bad credentials, no permission).
+    """
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ObjectNotFound(StorageError, FileNotFoundError):
@@ -239,7 +248,7 @@ class S3Options:
         from rasterio.session import AWSSession
 
         r = self.resolved()
-        opts: dict[str, Any] = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR"}
+        opts: dict[str, Any] = {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR", **_gdal_http(r)}
         kw: dict[str, Any] = {"region_name": r.region}
         if r.anonymous:
             kw["aws_unsigned"] = True
@@ -257,6 +266,14 @@ class S3Options:
         return tuple(getattr(r, f.name) if f.name != "extra" else tuple(sorted(r.extra.items())) for f in fields(r))
 
 
+def _gdal_http(r: S3Options) -> dict[str, str]:
+    """The same timeouts and retries for GDAL's curl as obstore gets: without them a stalled response
+    holds a ``/vsis3/`` open or read for as long as the server keeps the connection (seen: 120 s)."""
+    return {"GDAL_HTTP_TIMEOUT": str(max(1, math.ceil(r.request_timeout_s))),
+            "GDAL_HTTP_CONNECTTIMEOUT": str(max(1, math.ceil(r.connect_timeout_s))),
+            "GDAL_HTTP_MAX_RETRY": str(r.max_retries), "GDAL_HTTP_RETRY_DELAY": "0.5"}
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """What ``head``/``list``/``put`` tell about an object."""
@@ -269,6 +286,8 @@ class ObjectInfo:
 
 # -- errors ---------------------------------------------------------------
 
+_UNREACHABLE = ("the endpoint cannot be reached; check AWS_ENDPOINT_URL (or endpoint_url), the network, and "
+                "AWS_ALLOW_HTTP=true for a plain-http endpoint")
 _HINTS = (
     (("nosuchbucket",), "the bucket does not exist; create it or correct the URL"),
     (("invalidaccesskeyid", "signaturedoesnotmatch", "invalidtoken", "expiredtoken", "unauthenticated",
@@ -279,12 +298,12 @@ _HINTS = (
      "permission denied; grant these credentials access to this bucket and prefix (s3:GetObject, s3:PutObject, "
      "s3:ListBucket, s3:DeleteObject)"),
     (("error sending request", "connection refused", "dns error", "timed out", "tcp connect", "operation timed out"),
-     "the endpoint cannot be reached; check AWS_ENDPOINT_URL (or endpoint_url), the network, and AWS_ALLOW_HTTP=true "
-     "for a plain-http endpoint"),
+     _UNREACHABLE),
 )
 
 
-def _first_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
+    """The first line of an error's message, without obstore's debug dump (its type name if it has none)."""
     text = str(exc).split("\n\nDebug source:")[0].strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
@@ -302,14 +321,43 @@ def translate(exc: BaseException, url: str, what: str) -> CubelakeError:
         return CommitConflict(f"{url}: changed since it was read ({what} with If-Match lost to another writer)")
     for needles, hint in _HINTS:
         if any(n in text for n in needles):
-            return StorageError(f"{url}: cannot {what}: {hint}")
+            return StorageError(f"{url}: cannot {what}: {hint}", transient=hint is _UNREACHABLE)
     if isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
         return ObjectNotFound(f"{url}: no such object")
     if isinstance(exc, PermissionError) or type(exc).__name__ == "PermissionDeniedError":
         return StorageError(f"{url}: cannot {what}: permission denied")
     if isinstance(exc, NotImplementedError):
-        return StorageError(f"{url}: cannot {what}: this store does not support it ({_first_line(exc)})")
-    return StorageError(f"{url}: cannot {what}: {_first_line(exc)}")
+        return StorageError(f"{url}: cannot {what}: this store does not support it ({error_line(exc)})")
+    return StorageError(f"{url}: cannot {what}: {error_line(exc)}", transient=is_transient(exc))
+
+
+# obstore's errors that asking again will not change; every other obstore error (GenericError: a
+# 5xx after its own retries, a body that timed out or was cut) is worth another attempt
+_PERMANENT_OBSTORE = frozenset({"NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "PreconditionError",
+                                "AlreadyExistsError", "NotSupportedError", "InvalidPathError", "NotModifiedError",
+                                "UnknownConfigurationKeyError", "NotImplementedError"})
+# what GDAL (/vsis3/ through curl) and the OS say of a failure that may pass
+_TRANSIENT_TEXT = ("timed out", "timeout", "connection reset", "reset by peer", "broken pipe", "transfer closed",
+                   "http response code: 5", "http error code: 5", "status code: 5", "slowdown", "slow down",
+                   "service unavailable", "internal error", "curl error", "end of file", "incomplete", "body error",
+                   "error sending request")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store or transport failure that another attempt may not meet (a timeout, a
+    5xx, a reset or cut body), rather than a refusal or a bad product that would fail the same way."""
+    if isinstance(exc, StorageError):
+        return exc.transient
+    if isinstance(exc, CubelakeError | FileNotFoundError | PermissionError):
+        return False
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    if type(exc).__module__.startswith("obstore"):
+        return type(exc).__name__ not in _PERMANENT_OBSTORE
+    if isinstance(exc, OSError | RuntimeError):  # rasterio's GDAL errors, zarr's wrapped store errors
+        text = str(exc).lower()
+        return any(t in text for t in _TRANSIENT_TEXT)
+    return False
 
 
 # -- clients ----------------------------------------------------------------

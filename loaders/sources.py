@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,15 @@ import numpy as np
 from cubelake.errors import CubelakeError
 from cubelake.products import scene_product
 from cubelake.record import SCENE_RECORD_FILE, Band, SceneRecord, read_scene_record
-from cubelake.storage import S3Options, is_url, join_url, open_store, parent_url
+from cubelake.storage import (
+    S3Options,
+    error_line,
+    is_transient,
+    is_url,
+    join_url,
+    open_store,
+    parent_url,
+)
 
 from .plan import ChunkGrid
 
@@ -433,9 +443,41 @@ def open_source(product: ProductLike, *, prefer: Sequence[str] = PRODUCT_PREFERE
             raise ProductError(f"catalog hit {getattr(product, 'id', href)}: its item path {href} is relative to its lake; "
                                "pass lake=<the lake folder> too")
         product = join_url(str(lake), href) if is_url(str(lake)) else Path(lake) / href
-    src = _open_source(product, prefer, storage_options, allowed_roots, labels, lake)
+    src = _open_retrying(product, lambda: _open_source(product, prefer, storage_options, allowed_roots, labels, lake))
     src.open_args = args
     return src
+
+
+OPEN_ATTEMPTS = 4  # tries to open a product whose store fails in a way that may pass
+_OPEN_BACKOFF_S = (0.2, 5.0)  # full-jitter backoff between them: base, cap
+
+
+def _open_retrying(product: ProductLike, open_: Callable[[], ChunkSource]) -> ChunkSource:
+    """``open_()``, asked again (full-jitter backoff, :data:`OPEN_ATTEMPTS` in all) when the store failed
+    in a way that may pass. The metadata reads of an open go through zarr and GDAL, which give up on a
+    body that times out or is cut (obstore's and GDAL's own retries, ``max_retries``, cover status codes,
+    not those); a bad product or a refusal fails at once."""
+    attempts = OPEN_ATTEMPTS
+    for attempt in range(attempts):
+        try:
+            return open_()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if attempt + 1 == attempts:
+                raise ProductError(f"{_name(product)}: could not be opened: the store failed {attempts} times, last: "
+                                   f"{error_line(exc)}; check the endpoint, or raise storage_options max_retries or "
+                                   "request_timeout_s for a slow link") from None
+            base, cap = _OPEN_BACKOFF_S
+            delay = random.uniform(0, min(cap, base * 2**attempt))
+            log.warning("%s: opening failed (%s); attempt %d of %d in %.2f s", _name(product), error_line(exc),
+                        attempt + 2, attempts, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _name(product: ProductLike) -> str:
+    return str(getattr(product, "href", None) or (product.get("id") if isinstance(product, dict) else product))
 
 
 def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S3Options | None,

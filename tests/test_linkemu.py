@@ -568,3 +568,12 @@ def test_a_chunked_upload_reaches_s3(s3_server: S3Server, s3_bucket: str) -> Non
     assert got == b"a" * MB + b"b" * MB
     assert secs >= 0.85 * 2 * MB / 25e6  # the upload was capped too
     assert emu.stats.bytes_received > 2 * MB
+
+
+def test_faults_can_be_a_burst_at_the_start() -> None:
+    spec = FaultSpec(rate=1.0, kinds="500", first=3)
+    assert [spec.applies_to("GET", i) for i in range(5)] == [True, True, True, False, False]
+    assert not spec.applies_to("PUT", 0)
+    assert "the first 3 GET requests" in spec.describe()
+    with pytest.raises(ConfigError, match="first=-1"):
+        FaultSpec(rate=1.0, first=-1)

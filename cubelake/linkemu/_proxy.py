@@ -138,7 +138,7 @@ class Proxy:
         arrived = asyncio.get_running_loop().time()
         index, fault = self._index, None
         self._index += 1
-        if self.faults.applies_to(event.method.decode("ascii")):
+        if self.faults.applies_to(event.method.decode("ascii"), self._eligible):
             fault = decide_fault(self.faults, self.seed, self._eligible)
             self._eligible += 1
         with self._lock:

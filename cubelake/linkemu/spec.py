@@ -188,6 +188,8 @@ class FaultSpec:
     normalised to a :data:`FaultMix`. ``methods``: ``"GET"`` (default: reads only) or ``"all"``.
     ``retry_after_s``: the ``Retry-After`` header of a 503. ``stall_s``: how long a stalled
     body stops (the default outlasts any sensible client timeout; a short one is a hiccup).
+    ``first``: draw faults only among the first ``first`` eligible requests (a burst when a client
+    starts, e.g. a cold bucket throttling; with ``rate=1.0`` exactly those requests fail).
     """
 
     rate: float = 0.0
@@ -195,6 +197,7 @@ class FaultSpec:
     methods: Literal["GET", "all"] = "GET"
     retry_after_s: int = 1
     stall_s: float = 600.0
+    first: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate) and 0.0 <= self.rate <= 1.0):
@@ -206,14 +209,18 @@ class FaultSpec:
             raise ConfigError(f"retry_after_s={self.retry_after_s!r}: must be a whole number of seconds, 0 to 3600")
         if not (math.isfinite(self.stall_s) and 0 <= self.stall_s <= 86_400):
             raise ConfigError(f"stall_s={self.stall_s!r}: must be between 0 and 86400 s")
+        if self.first is not None and not (isinstance(self.first, int) and self.first >= 0):
+            raise ConfigError(f"first={self.first!r}: must be a whole number of requests, 0 or more")
 
     @property
     def mix(self) -> FaultMix:
         """The kinds and weights, canonical."""
         return cast(FaultMix, self.kinds)
 
-    def applies_to(self, method: str) -> bool:
-        """Whether a request of this method can draw a fault."""
+    def applies_to(self, method: str, eligible_before: int = 0) -> bool:
+        """Whether a request of this method, after ``eligible_before`` eligible ones, can draw a fault."""
+        if self.first is not None and eligible_before >= self.first:
+            return False
         return self.rate > 0 and (self.methods == "all" or method.upper() == "GET")
 
     def describe(self) -> str:
@@ -222,6 +229,7 @@ class FaultSpec:
         total = sum(w for _, w in self.mix)
         kinds = ", ".join(k.value if len(self.mix) == 1 else f"{k.value} {w / total:.0%}" for k, w in self.mix)
         scope = "GET requests" if self.methods == "GET" else "requests"
+        scope = scope if self.first is None else f"the first {self.first} {scope}"
         return f"faults on {self.rate * 100:.4g}% of {scope} ({kinds})"
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from cubelake.cube import CFEncoder, CubeSpec
 from cubelake.errors import CubelakeError, NotReferenceableError, RefsError
-from cubelake.storage import S3Options, gdal_vsi_path, object_at
+from cubelake.storage import S3Options, gdal_vsi_path, is_transient, object_at, translate
 
 from .build import reference_tiff
 from .fingerprint import file_fingerprint
@@ -138,6 +138,8 @@ def tiff_layout(url: str, storage_options: S3Options | None = None) -> TiffLayou
     except CubelakeError:
         raise
     except Exception as exc:  # a damaged header can make tifffile raise almost anything
+        if is_transient(exc):  # the store failed reading it (a timeout, a cut body): not the TIFF's fault
+            raise translate(exc, url, "read") from None
         raise NotReferenceableError(f"{url}: not a readable TIFF ({type(exc).__name__}: {exc})") from exc
 
 
