@@ -23,6 +23,7 @@ import datetime as dt
 import math
 import os
 import posixpath
+import re
 import shutil
 import stat
 import threading
@@ -45,6 +46,7 @@ __all__ = [
     "Store",
     "check_fork_safe",
     "gdal_vsi_path",
+    "is_throttle",
     "is_url",
     "join_url",
     "object_at",
@@ -306,6 +308,18 @@ def error_line(exc: BaseException) -> str:
     """The first line of an error's message, without obstore's debug dump (its type name if it has none)."""
     text = str(exc).split("\n\nDebug source:")[0].strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+#: how a store says it throttles: the status as obstore/reqwest word it ("status code: 503 Service Unavailable",
+#: "(429 Too Many Requests)"), S3's error code (SlowDown, "Please reduce your request rate"), Azure's "Server Busy"
+_THROTTLE = re.compile(r"\bstatus(?: code)?:? *(?:429|503)\b|\b(?:429 too many requests|503 service unavailable)\b"
+                       r"|(?-i:\bSlow ?Down\b)|\btoo many requests\b|reduce your request rate|\bserver busy\b",
+                       re.IGNORECASE)
+
+
+def is_throttle(error: BaseException) -> bool:
+    """Whether ``error`` (an obstore error, or our translation of one) says the store is throttling requests."""
+    return bool(_THROTTLE.search(str(error)))
 
 
 def translate(exc: BaseException, url: str, what: str) -> CubelakeError:

@@ -37,7 +37,7 @@ def latency_quantile(hist: list[int], q: float) -> float:
 
 _ADDITIVE = ("samples", "batches", "requests", "bytes_fetched", "bytes_decoded", "bytes_used", "chunks_decoded",
              "redecodes", "cache_hits", "cache_misses", "disk_hits", "disk_misses", "failed_chunks",
-             "dropped_samples", "invalid_samples", "retries", "fetch_s", "decode_s", "wait_s", "chunk_wait_s", "assemble_s")
+             "dropped_samples", "invalid_samples", "retries", "throttled", "hedges", "hedge_wins", "fetch_s", "decode_s", "wait_s", "chunk_wait_s", "assemble_s")
 
 
 @dataclass
@@ -69,6 +69,9 @@ class LoaderMetrics:
     dropped_samples: int = 0  # samples of chunks that failed
     invalid_samples: int = 0  # samples below Sampling.min_valid
     retries: int = 0
+    throttled: int = 0  # failed requests the store throttled (503 SlowDown, 429): backed off at least slowdown_s
+    hedges: int = 0  # duplicate requests issued for slow ones (ReaderConfig.hedge_after_s)
+    hedge_wins: int = 0  # duplicates that answered before the request they duplicated
     fetch_s: float = 0.0
     decode_s: float = 0.0
     wait_s: float = 0.0
@@ -205,6 +208,7 @@ class LoaderMetrics:
             + (f" (adaptive limit {self.inflight_limit})" if self.inflight_limit else ""),
             f"  per batch: compute T_c {self.compute_s_per_batch * 1000:,.1f} ms, load T_d {self.load_s_per_batch * 1000:,.1f} "
             f"ms: utilisation bound {self.utilisation_bound:.0%}, measured {1 - self.stall_fraction:.0%}",
-            f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries), {self.dropped_samples} samples dropped, "
-            f"{self.invalid_samples} below min_valid",
+            f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries, {self.throttled} throttled), "
+            f"{self.dropped_samples} samples dropped, {self.invalid_samples} below min_valid; {self.hedges} hedged "
+            f"requests ({self.hedge_wins} won)",
         ])

@@ -11,6 +11,7 @@ bytes for later epochs and other processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -19,17 +20,19 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
-from cubelake.errors import CubelakeError
-from cubelake.storage import Store, object_at
+from cubelake.errors import ConfigError, CubelakeError
+from cubelake.storage import Store, is_throttle, object_at
 
 from .adaptive import AimdController, Gate
 from .cache import DiskCache, Range, coalesce
+from .hedge import hedge_delay, hedged
 from .metrics import LoaderMetrics
 from .sources import ChunkSource, Piece
 
@@ -38,6 +41,7 @@ __all__ = ["ChunkKey", "ChunkReadError", "ChunkReader", "ReaderConfig"]
 log = logging.getLogger(__name__)
 
 ChunkKey = tuple[int, int]  # (scene index, flat chunk id = cy * nx + cx)
+T = TypeVar("T")
 
 
 class ChunkReadError(CubelakeError, OSError):
@@ -54,6 +58,14 @@ class ReaderConfig:
     ``adaptive``: start with ``threads`` requests in flight and let :class:`~.adaptive.AimdController`
     grow them while throughput rises (up to ``max_threads``, and what the cache budget holds) and
     halve them when the store throttles or fails.
+
+    ``hedge_after_s``: hedged requests (``None``, the default: off). A storage request not answered
+    after ``hedge_after_s``, or after the ``hedge_quantile`` of the request latencies seen if longer
+    (once 20 are recorded), gets one duplicate; the first answer wins and the other is left to finish
+    on its own thread, unread. It cuts the tail a stalled connection adds (counted as ``hedges`` and
+    ``hedge_wins`` in the metrics), at the cost of those duplicate requests and their bytes.
+    ``slowdown_s``: the least upper bound of the backoff after the store throttles (503 SlowDown,
+    429): obstore neither honours nor exposes ``Retry-After``, so this stands in for it.
     """
 
     cache_bytes: int = 1024 * 1024 * 1024
@@ -65,6 +77,17 @@ class ReaderConfig:
     strict: bool = False
     adaptive: bool = False  # requests in flight found by AIMD (loaders/adaptive.py), from threads up to max_threads
     max_threads: int = 16
+    hedge_after_s: float | None = None
+    hedge_quantile: float = 0.95
+    slowdown_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.hedge_after_s is not None and not self.hedge_after_s >= 0:
+            raise ConfigError(f"hedge_after_s={self.hedge_after_s!r}: seconds >= 0, or None (no hedged requests)")
+        if not 0 < self.hedge_quantile <= 1:
+            raise ConfigError(f"hedge_quantile={self.hedge_quantile!r}: a quantile in (0, 1], e.g. 0.95")
+        if not self.slowdown_s >= 0:
+            raise ConfigError(f"slowdown_s={self.slowdown_s!r}: seconds >= 0")
 
 
 def _has_fill(arr: np.ndarray, fill: float | None) -> bool:
@@ -106,6 +129,11 @@ class ChunkReader:
             self._gate = Gate(self._aimd.limit)
         pool = self._aimd.hi if self._aimd is not None else config.threads
         self._pool = ThreadPoolExecutor(max(1, pool), thread_name_prefix="cubelake-chunk")
+        # hedged attempts run here, primary and duplicate; a thread is only made when none is idle, and the
+        # headroom is for losers still stalled on a dead connection
+        self._hedge_pool: ThreadPoolExecutor | None = None
+        if config.hedge_after_s is not None:
+            self._hedge_pool = ThreadPoolExecutor(4 * max(1, pool) + 16, thread_name_prefix="cubelake-hedge")
         self._lock = threading.Lock()
         self._mem: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()
         self._pinned: set[ChunkKey] = set()
@@ -130,6 +158,8 @@ class ChunkReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._hedge_pool is not None:  # a losing attempt may still wait on a stalled connection: not joined
+            self._hedge_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- budget -------------------------------------------------------------------------------------
 
@@ -306,10 +336,11 @@ class ChunkReader:
                 break
             except (OSError, ValueError, RuntimeError) as e:  # storage and transport errors (timeouts too): retried
                 self._throttled()
+                cap = self._backoff_cap(e, attempt)
                 if attempt + 1 < attempts:
                     self.metrics.add(retries=1)
                     # exponential backoff with full jitter: readers hitting one throttled store spread out
-                    time.sleep(random.uniform(0, self.config.backoff_s * 2**attempt))
+                    time.sleep(random.uniform(0, cap))
                     continue
                 if len(keys) > 1:  # isolate the bad chunk: retry each on its own
                     for k in keys:
@@ -319,6 +350,28 @@ class ChunkReader:
                 return
         for k, parts in zip(keys, raw, strict=True):
             self._decode(k, parts)
+
+    def _backoff_cap(self, error: BaseException, attempt: int) -> float:
+        """The longest backoff after ``attempt`` failed with ``error``; a throttle (counted) waits up to ``slowdown_s``."""
+        cap = self.config.backoff_s * 2**attempt
+        if not is_throttle(error):
+            return cap
+        self.metrics.add(throttled=1)
+        log.info("throttled by the store (attempt %d), backing off up to %.2f s: %s", attempt + 1,
+                 max(cap, self.config.slowdown_s), error)
+        return max(cap, self.config.slowdown_s)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """One storage call, hedged when ``hedge_after_s`` is set: a duplicate once it is slower than the rest."""
+        pool = self._hedge_pool
+        if pool is None or self.config.hedge_after_s is None:
+            return fn()
+        delay = hedge_delay(self.config.hedge_after_s, self.metrics.request_hist, self.config.hedge_quantile)
+        out = hedged(fn, delay, pool.submit)
+        if out.hedged:
+            self.metrics.add(hedges=1, hedge_wins=int(out.won))
+            log.debug("hedged a request slower than %.3f s; the duplicate %s", delay, "won" if out.won else "lost")
+        return out.value
 
     @staticmethod
     def _budget_requests(sources: Sequence[ChunkSource], config: ReaderConfig) -> int:
@@ -390,7 +443,7 @@ class ChunkReader:
         for ci, pi, p in whole:
             store, path = self._store(p.url, self.sources[keys[ci][0]])
             with self._request() as got:
-                data = store.get(path)
+                data = self._call(functools.partial(store.get, path))
                 got[0] = len(data)
             out[ci][pi] = (p, data)
             fetched += len(data)
@@ -399,7 +452,8 @@ class ChunkReader:
             store, path = self._store(url, src_of[url])
             merged = coalesce(ranges, self.config.max_gap)
             with self._request() as got:
-                bufs = store.get_ranges(path, [s for s, _, _ in merged], [e for _, e, _ in merged])
+                starts, ends = [s for s, _, _ in merged], [e for _, e, _ in merged]
+                bufs = self._call(functools.partial(store.get_ranges, path, starts, ends))
                 got[0] = sum(len(b) for b in bufs)
             for (s, e, members), buf in zip(merged, bufs, strict=True):
                 if len(buf) != e - s:
