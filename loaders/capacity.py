@@ -12,6 +12,11 @@ ready every ``T_d = max(D·k/X(c), D·k/R_dec)``; with compute ``T_c`` per batch
 busy at most ``U = T_c / max(T_c, T_d)`` of the time (stall ``1 − U``), and the link suffices
 when ``B·8 ≥ 8·D·k / T_c`` (the seed's ``B/8 ≥ D·k/T_c`` with ``B`` in bits/s).
 
+An epoch also starts empty: the first batch waits ``T_fill = r + F/X(c) + F/R_dec`` for the
+``F`` bytes of the chunks it needs (with a chunk-local shuffle, every chunk of the first round),
+while the link would otherwise idle. Over ``n`` batches the epoch takes
+``max(n·T_d + T_c, T_fill + n·T_c)``: the supply's pace, or the consumer's after the fill.
+
 What to change follows from which term is the largest: compute (nothing stalls), decode CPU
 (more decode threads or a cheaper codec), link bandwidth (a faster link, fewer bytes per
 sample, or accept the stall) or latency (more requests in flight, or larger requests).
@@ -55,6 +60,8 @@ class Workload:
     request_bytes: float  # s: bytes per (coalesced) range request
     decode_bytes_per_s: float  # R_dec: fetched bytes the decode threads get through per second
     compute_s: float  # T_c: the model's time per batch
+    first_batch_bytes: float = 0.0  # F: bytes fetched before the first batch can be cut (0: not modelled)
+    epoch_batches: int = 0  # n: batches in an epoch (0: steady state only)
 
     def __post_init__(self) -> None:
         for name in ("bytes_per_sample", "request_bytes", "decode_bytes_per_s", "compute_s"):
@@ -63,6 +70,9 @@ class Workload:
                 raise ValueError(f"{name} must be a positive number, not {v}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if not (self.first_batch_bytes >= 0 and math.isfinite(self.first_batch_bytes)) or self.epoch_batches < 0:
+            raise ValueError(f"first_batch_bytes and epoch_batches must be >= 0, not {self.first_batch_bytes}, "
+                             f"{self.epoch_batches}")
 
     @property
     def batch_bytes(self) -> float:
@@ -89,6 +99,10 @@ class Prediction:
     recommended_prefetch: int  # batches
     recommended_cache_bytes: int
     explanation: str
+    fill_s: float = 0.0  # T_fill: the first batch's wait for its chunks
+    epoch_s: float = 0.0  # an epoch of epoch_batches, fill included (0: not asked)
+    epoch_samples_per_s: float = 0.0  # over that epoch (the steady rate when not asked)
+    epoch_stall_fraction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,9 +133,26 @@ def predict(link: Link, work: Workload, concurrency: int, cache_budget_bytes: fl
         c_rec = max(1, min(c_rec, int(cache_budget_bytes / 2 // work.request_bytes)))
     prefetch = min(16, max(2, math.ceil(load_s / work.compute_s) + 1))
     cache = int(c_rec * work.request_bytes + (prefetch + 1) * work.batch_bytes)
+    fill_s, epoch_s, epoch_sps, epoch_stall = _epoch(link, work, x, load_s)
+    explanation = _explain(binding, link, work, x, c_rec, required)
+    if epoch_s and fill_s > 0.02 * epoch_s and binding == "compute":
+        explanation += (f"; but the first batch waits {fill_s:.1f} s for its chunks ({fill_s / epoch_s:.0%} of the "
+                        "epoch): fewer chunks per round (PlanSpec.chunks_per_round) shorten that wait")
     return Prediction(concurrency, x, fetch_s, decode_s, load_s, work.compute_s, work.batch_size / period,
                       work.compute_s / period, 1 - work.compute_s / period, required, link.bandwidth_bps >= required,
-                      binding, c_rec, prefetch, cache, _explain(binding, link, work, x, c_rec, required))
+                      binding, c_rec, prefetch, cache, explanation, fill_s, epoch_s, epoch_sps, epoch_stall)
+
+
+def _epoch(link: Link, work: Workload, x: float, load_s: float) -> tuple[float, float, float, float]:
+    """``(T_fill, epoch s, epoch samples/s, epoch stall)``; without an epoch length, the steady state."""
+    f = work.first_batch_bytes
+    fill_s = link.ttfb_s + f / x + f / work.decode_bytes_per_s if f > 0 else 0.0
+    n, tc = work.epoch_batches, work.compute_s
+    if n == 0:
+        period = max(tc, load_s)
+        return fill_s, 0.0, work.batch_size / period, 1 - tc / period
+    epoch_s = max(n * load_s + tc, fill_s + n * tc)
+    return fill_s, epoch_s, n * work.batch_size / epoch_s, max(0.0, 1 - n * tc / epoch_s)
 
 
 def _binding(link: Link, work: Workload, x: float, fetch_s: float, decode_s: float) -> str:

@@ -15,8 +15,10 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from cubelake.errors import CubelakeError
-from cubelake.storage import S3Options, object_at
+from cubelake.storage import S3Options, Store, object_at
 
 from .capacity import Link, Prediction, Workload, predict
 from .metrics import LoaderMetrics
@@ -62,34 +64,47 @@ def measure_workload(ds: CubeDataset, compute_s: float, batches: int = 16) -> tu
     work = workload_from_metrics(m, compute_s, ds.reader_config.threads)
     plan = ds.plan(0)
     if m.bytes_decoded > 0 and len(plan.order) > 0:
-        decoded = sum(ds.sources[int(s)].chunk_nbytes for s, _ in plan.chunks) / len(plan.order)
-        work = dataclasses.replace(work, bytes_per_sample=decoded * m.bytes_fetched / m.bytes_decoded)
+        ratio = m.bytes_fetched / m.bytes_decoded  # fetched per decoded byte: the codec's
+        sizes = np.array([ds.sources[int(s)].chunk_nbytes for s, _ in plan.chunks], dtype=np.float64)
+        k = ds.plan_spec.batch_size
+        work = dataclasses.replace(work, bytes_per_sample=float(sizes.sum()) * ratio / len(plan.order),
+                                   first_batch_bytes=float(sizes[plan.first_use < k].sum()) * ratio,
+                                   epoch_batches=-(-len(plan.order) // k))
     return work, m
 
 
-def probe_link(url: str, options: S3Options | None = None, *, repeats: int = 5, probe_bytes: int = 8 * 1024 * 1024,
+def probe_link(url: str, options: S3Options | None = None, *, repeats: int = 5, probe_bytes: int = 16 * 1024 * 1024,
                streams: int = 4) -> Link:
-    """Time to first byte (median of ``repeats`` 1-byte reads) and bandwidth (``streams`` concurrent ranges
-    of one object, ``probe_bytes`` in all) of the link to the object at ``url``."""
+    """Time to first byte (median of ``repeats`` 1-byte reads) and bandwidth of the link to the object at ``url``.
+
+    Bandwidth is the slope between two reads of ``streams`` concurrent ranges, small (64 KiB each) and
+    large (``probe_bytes`` in all): what a request costs whatever its size (the first byte's wait, the
+    server's own work per GET, which a whole-object-reading server such as moto makes large) cancels,
+    and what is left is what each further byte costs.
+    """
     store, key = object_at(url, options)
     size = store.head(key).size
     if size == 0:
         raise CubelakeError(f"{url}: an empty object cannot measure a link; probe a product's data object")
-    ttfb = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        store.get_ranges(key, [0], [1])
-        ttfb.append(time.perf_counter() - t0)
-    r = statistics.median(ttfb)
-    total = min(size, probe_bytes)
-    part = max(1, total // max(1, streams))
-    starts = list(range(0, total - part + 1, part))[:streams]
-    t0 = time.perf_counter()
-    got = sum(len(b) for b in store.get_ranges(key, starts, [s + part for s in starts]))
-    elapsed = time.perf_counter() - t0
-    bandwidth = 8 * got / max(elapsed - r, elapsed / 2, 1e-6)  # the first byte's wait is not transfer time
-    log.info("%s: time to first byte %.1f ms, %.0f Mbit/s over %d bytes", url, r * 1000, bandwidth / 1e6, got)
+    r = statistics.median(_timed_ranges(store, key, 1, 1) for _ in range(max(1, repeats)))
+    n = max(1, min(streams, size // 2))
+    small = min(64 * 1024, max(1, size // (2 * n)))
+    large = max(small + 1, min(size, probe_bytes) // n)
+    t_small = min(_timed_ranges(store, key, n, small) for _ in range(2))
+    t_large = _timed_ranges(store, key, n, large)
+    extra = n * (large - small)
+    bandwidth = 8 * extra / max(t_large - t_small, 1e-6)
+    log.info("%s: time to first byte %.1f ms, %.0f Mbit/s (%d streams: %d bytes in %.3f s, %d in %.3f s)", url,
+             r * 1000, bandwidth / 1e6, n, n * small, t_small, n * large, t_large)
     return Link(bandwidth_bps=bandwidth, ttfb_s=r)
+
+
+def _timed_ranges(store: Store, key: str, streams: int, part: int) -> float:
+    """Seconds to read ``streams`` concurrent ranges of ``part`` bytes (spread over the object's start)."""
+    starts = [i * part for i in range(streams)]
+    t0 = time.perf_counter()
+    store.get_ranges(key, starts, [s + part for s in starts])
+    return time.perf_counter() - t0
 
 
 def _probe_url(ds: CubeDataset) -> str:

@@ -67,6 +67,8 @@ def _report(pred: Any, work: Any, link: Any, probed: bool) -> str:
         f"predicted: {pred.samples_per_s:,.1f} samples/s, utilisation {pred.utilisation:.0%}, "
         f"stall {pred.stall_fraction:.0%}; B/8 >= D*k/T_c: {'yes' if pred.bandwidth_ok else 'no'} "
         f"(needs {pred.required_bps / 1e6:,.0f} Mbit/s)",
+        f"epoch ({work.epoch_batches} batches): {pred.epoch_s:,.1f} s, {pred.epoch_samples_per_s:,.1f} samples/s, "
+        f"stall {pred.epoch_stall_fraction:.0%}, the first batch waiting {pred.fill_s * 1000:,.0f} ms for its chunks",
         f"binding: {pred.explanation}",
         f"recommended: ReaderConfig(threads={pred.recommended_concurrency}, cache_bytes={pred.recommended_cache_bytes}), "
         f"prefetch_batches={pred.recommended_prefetch}",

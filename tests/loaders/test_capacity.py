@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -99,3 +100,37 @@ def test_metrics_explain_a_stall_with_hand_worked_numbers() -> None:
     assert merged.latency_ms(0.5) == m.latency_ms(0.5)
     assert "utilisation bound 50%, measured 62%" in m.report()
     assert [latency_bucket(s) for s in (0, 1e-4, 2e-4, 100.0, 1e6)] == [0, 0, 4, 80, 95]  # the last holds the rest
+
+
+def test_the_first_batch_waits_for_its_chunks_and_the_epoch_counts_it() -> None:
+    """Compute-bound (T_c 0.5 s, T_d 0.34 s at 2 in flight) with a 25 MB first round: the fill is
+    0.04 + 25e6/25e6 + 25e6/400e6 = 1.1025 s, the epoch of 100 batches 1.1025 + 100·0.5 = 51.1025 s."""
+    work = dataclasses.replace(_work(), first_batch_bytes=25e6, epoch_batches=100)
+    p = predict(LINK, work, concurrency=2)
+    assert p.binding == "compute"
+    assert p.stall_fraction == 0.0  # the steady state does not stall
+    assert p.fill_s == pytest.approx(1.1025)
+    assert p.epoch_s == pytest.approx(51.1025)
+    assert p.epoch_stall_fraction == pytest.approx(1.1025 / 51.1025)
+    assert p.epoch_samples_per_s == pytest.approx(800 / 51.1025)
+    assert "first batch waits 1.1 s" in p.explanation
+    assert "chunks_per_round" in p.explanation
+
+
+def test_a_supply_bound_epoch_is_paced_by_the_supply_not_the_fill() -> None:
+    """Bandwidth-bound (T_d 0.32 s > T_c 0.2 s): the fill overlaps the supply; 100·0.32 + 0.2 = 32.2 s."""
+    work = dataclasses.replace(_work(compute_s=0.2), first_batch_bytes=25e6, epoch_batches=100)
+    p = predict(LINK, work, concurrency=4)
+    assert p.epoch_s == pytest.approx(32.2)
+    assert p.epoch_samples_per_s == pytest.approx(800 / 32.2)
+    assert p.epoch_stall_fraction == pytest.approx(1 - 20 / 32.2)
+    assert "first batch waits" not in p.explanation
+
+
+def test_without_an_epoch_length_the_epoch_figures_are_the_steady_state() -> None:
+    p = predict(LINK, _work(compute_s=0.2), concurrency=4)
+    assert (p.fill_s, p.epoch_s) == (0.0, 0.0)
+    assert p.epoch_samples_per_s == pytest.approx(p.samples_per_s)
+    assert p.epoch_stall_fraction == pytest.approx(p.stall_fraction)
+    with pytest.raises(ValueError, match="first_batch_bytes"):
+        dataclasses.replace(_work(), epoch_batches=-1)

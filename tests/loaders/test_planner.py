@@ -55,6 +55,10 @@ def test_plan_capacity_measures_the_workload_and_names_the_binding_constraint(sh
     epoch = full.metrics()
     assert work.bytes_per_sample == pytest.approx(epoch.bytes_fetched / epoch.samples, rel=0.10)
     assert work.request_bytes == pytest.approx(m.bytes_fetched / m.requests)
+    assert work.epoch_batches == -(-full.n_samples() // 8)
+    assert 0 < work.first_batch_bytes <= epoch.bytes_fetched  # the first round's chunks, not the epoch's
+    assert pred.fill_s > link.ttfb_s
+    assert pred.epoch_s >= pred.fill_s
     assert work.batch_size == 8
     assert emu.stats.requests >= m.requests  # every request went through the emulated link
     assert m.latency_ms(0.5) >= 40  # the link's 40 ms to first byte is in every request's latency
@@ -94,6 +98,8 @@ def test_cli_plans_a_lake_on_a_given_link(synth_lake: dict[str, Any]) -> None:
     assert text.returncode == 0, text.stderr
     assert "link (given): 1,000 Mbit/s, 40.0 ms to first byte" in text.stdout
     assert "recommended: ReaderConfig(threads=" in text.stdout
+    assert "batches): " in text.stdout
+    assert "the first batch waiting" in text.stdout
 
 
 def test_cli_probes_the_link_of_an_s3_product(shaped_cog: Any) -> None:
