@@ -60,6 +60,7 @@ from ingest_throughput import write_profile  # noqa: E402
 from s3_lake import BATCH, BIN, CREDS, MB, WIN, MiB, Moto, ceiling  # noqa: E402
 
 TTFB_MS = 40.0
+PEER_CACHE_MB = 128
 RATES = {"1gbps": 1000e6, "500mbps": 500e6, "200mbps": 200e6}
 
 
@@ -114,19 +115,23 @@ def cog_keys(url: str, hits: list[Any], options: dict[str, str]) -> list[str]:
 # -- cubelake -----------------------------------------------------------------------------------------
 
 
-def make_ds(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] | None, threads: int) -> Any:
+def make_ds(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] | None, threads: int,
+            chunks_per_round: int = 8, **reader: Any) -> Any:
+    """The benchmark's dataset; ``reader``: further ReaderConfig settings (adaptive, hedge_after_s)."""
     from cubelake.loaders import CubeDataset, PlanSpec, ReaderConfig, Sampling, Spectral
 
     return CubeDataset(hits, lake=lake, prefer=(prefer,), storage_options=options,  # type: ignore[arg-type]
                        sampling=Sampling(size=WIN, stride=WIN, labels="none"), spectral=Spectral(normalize="none"),
-                       plan=PlanSpec(seed=0, batch_size=BATCH, chunks_per_round=8, order="local"),
-                       reader=ReaderConfig(cache_bytes=1024 * MiB, threads=threads), prefetch=max(8, threads))
+                       plan=PlanSpec(seed=0, batch_size=BATCH, chunks_per_round=chunks_per_round, order="local"),
+                       reader=ReaderConfig(cache_bytes=1024 * MiB, threads=threads, **reader),
+                       prefetch=max(chunks_per_round, threads))
 
 
 def run_epoch(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] | None, threads: int,
-              emu: Any = None, moto: Moto | None = None, compute_s: float = 0.0, hashes: bool = False) -> dict[str, Any]:
+              emu: Any = None, moto: Moto | None = None, compute_s: float = 0.0, hashes: bool = False,
+              **ds_kw: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
-    ds = make_ds(hits, lake, prefer, options, threads)
+    ds = make_ds(hits, lake, prefer, options, threads, **ds_kw)
     t_open = time.perf_counter() - t0
     s0 = emu.stats if emu is not None else None
     c0 = moto.cpu_s() if moto is not None else 0.0
@@ -149,6 +154,9 @@ def run_epoch(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] |
     r: dict[str, Any] = {"prefer": prefer, "threads": threads, "samples": n, "wall_s": wall, "open_s": t_open,
                          "samples_per_s": n / wall, "bytes_fetched": m.bytes_fetched, "requests": m.requests,
                          "retries": m.retries, "failed_chunks": m.failed_chunks, "dropped_samples": m.dropped_samples,
+                         "throttled": m.throttled, "hedges": m.hedges, "hedge_wins": m.hedge_wins,
+                         "inflight_peak": m.inflight_peak, "inflight_limit": m.inflight_limit,
+                         "latency_ms": {q: m.latency_ms(q / 100) for q in (50, 95, 99)}, **ds_kw,
                          "wait_s": m.wait_s, "stall_fraction": m.stall_fraction, "compute_s": compute_s,
                          "first_batch_s": waits[0] if waits else None,
                          "stall_after_first": sum(waits[1:]) / max(wall - waits[0], 1e-9) if waits else None,
@@ -169,10 +177,10 @@ def run_epoch(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] |
 
 
 def plan(hits: list[Any], url: str, prefer: str, options: dict[str, Any], link: Any, compute_s: float,
-         batches: int, threads: int = 2) -> tuple[Any, Any]:
+         batches: int, threads: int = 2, **ds_kw: Any) -> tuple[Any, Any]:
     from cubelake.loaders import plan_capacity
 
-    ds = make_ds(hits, url, prefer, options, threads)
+    ds = make_ds(hits, url, prefer, options, threads, **ds_kw)
     pred, work, _ = plan_capacity(ds, compute_s=compute_s, link=link, batches=batches)
     return pred, work
 
@@ -183,6 +191,10 @@ def plan(hits: list[Any], url: str, prefer: str, options: dict[str, Any], link: 
 def gdal_env(endpoint: str) -> dict[str, str]:
     return {"GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR", "CPL_VSIL_CURL_ALLOWED_EXTENSIONS": ".tif",
             "GDAL_HTTP_MULTIPLEX": "YES", "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES", "VSI_CACHE": "TRUE",
+            # the block cache a per-sample reader has for a lake much larger than memory: what cubelake's
+            # plan keeps resident here (8 chunks of 16 MiB); GDAL's default (5 % of RAM, 1.2 GB) would hold
+            # this whole 1 GiB lake and turn a long per-sample run into a cached one (see BENCHMARKS.md)
+            "GDAL_CACHEMAX": str(PEER_CACHE_MB),
             "AWS_S3_ENDPOINT": endpoint.split("://", 1)[1], "AWS_HTTPS": "NO", "AWS_VIRTUAL_HOSTING": "FALSE",
             "AWS_ACCESS_KEY_ID": CREDS["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": CREDS["AWS_SECRET_ACCESS_KEY"],
             "AWS_REGION": CREDS["AWS_REGION"]}
@@ -234,11 +246,13 @@ def run_peer(kind: str, paths: list[str], samples: list[tuple[int, int, int]], e
     s0 = emu.stats
     ds = PerSample(paths, samples, env)
     n = 0
+    stamps: list[tuple[float, int]] = []  # (time, samples so far): the rate of the second half shows no warm-up
     t0 = time.perf_counter()
     try:
         if kind == "rasterio":
             for i in range(len(ds)):
                 n += int(ds[i].shape[0] > 0)
+                stamps.append((time.perf_counter(), n))
             for src in ds._open.values():
                 src.close()
         else:
@@ -251,6 +265,7 @@ def run_peer(kind: str, paths: list[str], samples: list[tuple[int, int, int]], e
             for b in loader:
                 assert isinstance(b, torch.Tensor)
                 n += int(b.shape[0])
+                stamps.append((time.perf_counter(), n))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -262,7 +277,10 @@ def run_peer(kind: str, paths: list[str], samples: list[tuple[int, int, int]], e
     startup = 0.0
     if kind != "rasterio":  # workers' start-up (spawn, imports) is not the access pattern's cost: left out
         startup = max(float(x) for x in ready.read_text().split()) - (time.time() - wall)
+    half = next(((t, k) for t, k in stamps if k >= n // 2), stamps[0])
+    second_half = (n - half[1]) / max(stamps[-1][0] - half[0], 1e-9) if n - half[1] > 0 else float("nan")
     return {"kind": kind, "samples": n, "wall_s": wall, "startup_s": startup, "samples_per_s": n / (wall - startup),
+            "samples_per_s_second_half": second_half, "gdal_cachemax_mb": PEER_CACHE_MB,
             "samples_per_s_incl_startup": n / wall,
             "link_bytes_sent": s1.bytes_sent - s0.bytes_sent, "link_requests": s1.requests - s0.requests,
             "extrapolated": True}
@@ -274,7 +292,8 @@ def run_peer(kind: str, paths: list[str], samples: list[tuple[int, int, int]], e
 def pred_dict(p: Any) -> dict[str, Any]:
     d = p.to_dict()
     return {k: d[k] for k in ("concurrency", "samples_per_s", "stall_fraction", "load_s", "fetch_s", "decode_s",
-                              "compute_s", "binding", "recommended_concurrency", "bandwidth_ok", "explanation")}
+                              "compute_s", "binding", "recommended_concurrency", "bandwidth_ok", "explanation",
+                              "fill_s", "epoch_s", "epoch_samples_per_s", "epoch_stall_fraction")}
 
 
 def err(measured: float, predicted: float) -> float:
@@ -301,25 +320,31 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
                 print(f"  planner ({prefer}): {work.bytes_per_sample / 1e3:.0f} kB/sample, request "
                       f"{work.request_bytes / MB:.1f} MB, decode {work.decode_bytes_per_s / MB:.0f} MB/s -> "
                       f"recommended concurrency {c_rec}", flush=True)
-                for threads in sorted({2, c_rec}):
-                    r = run_epoch(hits, url, prefer, opts, threads, emu=emu, moto=moto)
-                    p = predict(link, work, threads, cache_budget_bytes=1024 * MiB)
+                runs: list[tuple[int, dict[str, Any]]] = [(t, {}) for t in sorted({2, c_rec})]
+                if prefer == "cog":  # the AIMD controller finding the concurrency itself, from 2 up to 8
+                    runs.append((2, {"adaptive": True, "max_threads": 8}))
+                for threads, kw in runs:
+                    r = run_epoch(hits, url, prefer, opts, threads, emu=emu, moto=moto, **kw)
+                    p = predict(link, work, r["inflight_limit"] if kw else threads, cache_budget_bytes=1024 * MiB)
                     r["predicted"] = pred_dict(p)
                     r["workload"] = {"bytes_per_sample": work.bytes_per_sample, "request_bytes": work.request_bytes,
                                      "decode_bytes_per_s": work.decode_bytes_per_s}
-                    r["recommended"] = threads == c_rec
+                    r["recommended"] = threads == c_rec and not kw
                     out["cubelake"].append(r)
-                    print(f"  cubelake {prefer:<4} threads {threads:>2}: {r['samples_per_s']:7.0f} samples/s "
-                          f"(predicted {p.samples_per_s:6.0f}, {p.binding}), {r['wall_s']:.1f} s, "
+                    how = f"AIMD->{r['inflight_limit']:>2}" if kw else f"threads {threads:>2}"
+                    print(f"  cubelake {prefer:<4} {how}: {r['samples_per_s']:7.0f} samples/s "
+                          f"(predicted {p.epoch_samples_per_s:6.0f}, {p.binding}), {r['wall_s']:.1f} s, "
                           f"{r['bytes_fetched'] / MB:.0f} MB in {r['requests']} requests, link use "
                           f"{r['link_use']:.0%}, moto CPU {r['moto_cpu_s']:.1f} s", flush=True)
             for kind in ("rasterio", "torch_dataloader_2w"):
                 r = run_peer(kind, cogs, samples, emu.endpoint, emu)
                 out["peers"].append(r)
-                print(f"  peer {kind:<20}: {r['samples_per_s']:7.1f} samples/s ({r['samples']} samples in "
+                print(f"  peer {kind:<20}: {r['samples_per_s']:7.1f} samples/s (second half "
+                      f"{r['samples_per_s_second_half']:.1f}; {r['samples']} samples in "
                       f"{r['wall_s']:.1f} s, {r['link_requests']} requests, {r['link_bytes_sent'] / MB:.0f} MB)",
                       flush=True)
-        best = max((r for r in out["cubelake"] if r["prefer"] == "cog"), key=lambda r: r["samples_per_s"])
+        best = max((r for r in out["cubelake"] if r["prefer"] == "cog" and not r.get("adaptive")),
+                   key=lambda r: r["samples_per_s"])
         out["ratio_vs_rasterio"] = best["samples_per_s"] / out["peers"][0]["samples_per_s"]
         out["ratio_vs_torch"] = best["samples_per_s"] / out["peers"][1]["samples_per_s"]
         doc["links"][preset] = out
@@ -356,19 +381,26 @@ def part_compute(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, d
         out["predicted_T_d_s"] = td
         print(f"  concurrency {c}; predicted T_d {td * 1000:.0f} ms/batch; probed link "
               f"{probed.bandwidth_bps / 1e6:.0f} Mbit/s, TTFB {probed.ttfb_s * 1000:.1f} ms", flush=True)
-        for label, tc in (("compute-bound", 1.5 * td), ("link-bound", 0.5 * td)):
-            pe = predict(link, dataclasses.replace(work0, compute_s=tc), c)
-            pp = predict(probed, dataclasses.replace(work_p, compute_s=tc), c)
-            r = run_epoch(hits, url, "cog", opts, c, emu=emu, moto=moto, compute_s=tc)
+        # the third run follows the planner's advice for the first one (its fill is part of the stall):
+        # fewer chunks per round, measured again for that plan
+        _, work_k2 = plan(hits, url, "cog", opts, link, 1e-3, a.plan_batches, threads=c, chunks_per_round=2)
+        for label, tc, cpr, w0, wp in (("compute-bound", 1.5 * td, 8, work0, work_p),
+                                        ("link-bound", 0.5 * td, 8, work0, work_p),
+                                        ("compute-bound, 2 chunks/round", 1.5 * td, 2, work_k2, None)):
+            pe = predict(link, dataclasses.replace(w0, compute_s=tc), c)
+            pp = predict(probed, dataclasses.replace(wp or w0, compute_s=tc), c)
+            r = run_epoch(hits, url, "cog", opts, c, emu=emu, moto=moto, compute_s=tc, chunks_per_round=cpr)
             r.update(label=label, predicted_emulated=pred_dict(pe), predicted_probed=pred_dict(pp),
-                     err_sps_emulated_pct=err(r["samples_per_s"], pe.samples_per_s),
-                     err_sps_probed_pct=err(r["samples_per_s"], pp.samples_per_s))
+                     err_sps_emulated_pct=err(r["samples_per_s"], pe.epoch_samples_per_s),
+                     err_sps_probed_pct=err(r["samples_per_s"], pp.epoch_samples_per_s),
+                     err_stall_emulated_pp=100 * (r["stall_fraction"] - pe.epoch_stall_fraction))
             out["runs"].append(r)
             print(f"  {label:<14} T_c {tc * 1000:4.0f} ms: {r['samples_per_s']:5.0f} samples/s, stall "
                   f"{r['stall_fraction']:.1%} (after the first batch: {r['samples_per_s_after_first']:.0f}/s, "
-                  f"{r['stall_after_first']:.1%}; first batch {r['first_batch_s']:.2f} s) | predicted (emulated link) {pe.samples_per_s:5.0f}/s stall "
-                  f"{pe.stall_fraction:.1%} ({pe.binding}) [{r['err_sps_emulated_pct']:+.0f} %] | (probed) "
-                  f"{pp.samples_per_s:5.0f}/s stall {pp.stall_fraction:.1%} [{r['err_sps_probed_pct']:+.0f} %]",
+                  f"{r['stall_after_first']:.1%}; first batch {r['first_batch_s']:.2f} s) | predicted (emulated link) "
+                  f"{pe.epoch_samples_per_s:5.0f}/s stall {pe.epoch_stall_fraction:.1%}, fill {pe.fill_s:.2f} s "
+                  f"({pe.binding}) [{r['err_sps_emulated_pct']:+.0f} %] | (probed) "
+                  f"{pp.epoch_samples_per_s:5.0f}/s stall {pp.epoch_stall_fraction:.1%} [{r['err_sps_probed_pct']:+.0f} %]",
                   flush=True)
     doc["compute"] = out
 
@@ -382,13 +414,15 @@ def part_faults(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, do
     print(f"\n[faults] {preset}, 5 % of GETs: {kinds} (request timeout 5 s)", flush=True)
     for prefer in ("cog", "zarr"):
         res = {}
-        for label, faults in (("clean", FaultSpec()), ("faulty", FaultSpec(rate=0.05, kinds=kinds, stall_s=30.0))):
+        faulty = FaultSpec(rate=0.05, kinds=kinds, stall_s=30.0)
+        for label, faults, kw in (("clean", FaultSpec(), {}), ("faulty", faulty, {}),
+                                  ("faulty_hedged", faulty, {"hedge_after_s": 1.0})):
             with LinkEmulator(moto.endpoint, link=LinkSpec.preset(preset, ttfb_ms=TTFB_MS), faults=faults,
                               seed=a.seed) as emu:
                 opts = {**moto.options(), "endpoint_url": emu.endpoint, "request_timeout_s": 5.0}
                 t0 = time.perf_counter()
                 try:
-                    r = run_epoch(hits, url, prefer, opts, a.fault_threads, emu=emu, moto=moto, hashes=True)
+                    r = run_epoch(hits, url, prefer, opts, a.fault_threads, emu=emu, moto=moto, hashes=True, **kw)
                 except Exception as exc:  # a failure to open or read is a result here, not the end of the run
                     st = emu.stats
                     r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}", "batch_hashes": None,
@@ -399,15 +433,18 @@ def part_faults(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, do
                     continue
                 r["link_faults_total"] = sum(r["link_faults"].values())
                 res[label] = r
-                print(f"  {prefer:<4} {label:<6}: {r['samples_per_s']:5.0f} samples/s, {r['samples']} samples, link "
-                      f"requests {r['link_requests']}, faults {r['link_faults']}, loader retries {r['retries']}, "
-                      f"failed chunks {r['failed_chunks']}", flush=True)
+                print(f"  {prefer:<4} {label:<13}: {r['samples_per_s']:5.0f} samples/s, {r['wall_s']:.1f} s (open "
+                      f"{r['open_s']:.1f} s), {r['samples']} samples, link requests {r['link_requests']}, faults "
+                      f"{r['link_faults']}, loader retries {r['retries']}, hedges {r['hedges']} ({r['hedge_wins']} "
+                      f"won), failed chunks {r['failed_chunks']}", flush=True)
         res["byte_identical"] = res["clean"]["batch_hashes"] == res["faulty"]["batch_hashes"]
-        for k in ("clean", "faulty"):
+        res["byte_identical_hedged"] = res["clean"]["batch_hashes"] == res["faulty_hedged"]["batch_hashes"]
+        for k in ("clean", "faulty", "faulty_hedged"):
             res[k].pop("batch_hashes")
-        print(f"  {prefer:<4} batches byte-identical: {res['byte_identical']}", flush=True)
+        print(f"  {prefer:<4} batches byte-identical: {res['byte_identical']} (hedged: {res['byte_identical_hedged']})",
+              flush=True)
         out[prefer] = res
-    out["byte_identical"] = all(out[p]["byte_identical"] for p in ("cog", "zarr"))
+    out["byte_identical"] = all(out[p]["byte_identical"] and out[p]["byte_identical_hedged"] for p in ("cog", "zarr"))
     out["stall_s"] = 30.0
     doc["faults"] = out
 
@@ -426,7 +463,7 @@ def targets(doc: dict[str, Any]) -> dict[str, Any]:
             p = r["predicted"]
             link_ok = p["binding"] in ("compute", "decode")
             row = {"link": preset, "prefer": r["prefer"], "binding": p["binding"],
-                   "pred_err_pct": err(r["samples_per_s"], p["samples_per_s"])}
+                   "pred_err_pct": err(r["samples_per_s"], p["epoch_samples_per_s"])}
             if link_ok and r["prefer"] in local_sps:
                 row["of_local"] = r["samples_per_s"] / local_sps[r["prefer"]]
                 row["met_90pct_local"] = row["of_local"] >= 0.9
@@ -443,7 +480,12 @@ def targets(doc: dict[str, Any]) -> dict[str, Any]:
         t["stall_compute_bound_after_first_batch"] = cb["stall_after_first"]
         t["met_stall_5pct"] = cb["stall_fraction"] <= 0.05
         t["prediction_errors_pct"] = {r["label"]: {"emulated": r["err_sps_emulated_pct"],
-                                                   "probed": r["err_sps_probed_pct"]} for r in doc["compute"]["runs"]}
+                                                   "probed": r["err_sps_probed_pct"],
+                                                   "stall_pp_emulated": r["err_stall_emulated_pp"]}
+                                      for r in doc["compute"]["runs"]}
+        k2 = doc["compute"]["runs"][-1]
+        t["stall_compute_bound_2_chunks_per_round"] = k2["stall_fraction"]
+        t["met_stall_5pct_after_advice"] = k2["stall_fraction"] <= 0.05
     if "faults" in doc:
         t["fault_epoch_byte_identical"] = doc["faults"]["byte_identical"]
     return t
@@ -455,8 +497,9 @@ def print_summary(doc: dict[str, Any]) -> None:
           f"{'MB':>7}{'req':>6}{'link use':>10}")
     for preset, out in doc.get("links", {}).items():
         for r in out["cubelake"]:
-            print(f"{preset:<9}{r['prefer']:<6}{r['threads']:>4}{r['samples_per_s']:>11.0f}"
-                  f"{r['predicted']['samples_per_s']:>11.0f}{r['predicted']['binding']:>11}{r['wall_s']:>8.1f}"
+            thr = f"A{r['inflight_limit']}" if r.get("adaptive") else str(r["threads"])
+            print(f"{preset:<9}{r['prefer']:<6}{thr:>4}{r['samples_per_s']:>11.0f}"
+                  f"{r['predicted']['epoch_samples_per_s']:>11.0f}{r['predicted']['binding']:>11}{r['wall_s']:>8.1f}"
                   f"{r['bytes_fetched'] / MB:>7.0f}{r['requests']:>6}{r['link_use']:>10.0%}")
         for r in out["peers"]:
             print(f"{preset:<9}{'peer':<6}{'':>4}{r['samples_per_s']:>11.1f}{'':>11}{r['kind']:>22}  "
@@ -484,14 +527,18 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefer, mk in (("cog", "o"), ("zarr", "s")):
         for rec, ls in ((True, "-"), (False, ":")):
-            rows = [next((r for r in doc["links"][p]["cubelake"] if r["prefer"] == prefer and r["recommended"] == rec),
+            rows = [next((r for r in doc["links"][p]["cubelake"] if r["prefer"] == prefer and r["recommended"] == rec
+                         and not r.get("adaptive")),
                          None) for p in links]
             if any(r is None for r in rows):
                 continue
             lab = f"{prefer}, {'planner concurrency' if rec else '2 threads'}"
             ax.plot(mbps, [r["samples_per_s"] for r in rows], ls, marker=mk, label=f"{lab} (measured)")
-            ax.plot(mbps, [r["predicted"]["samples_per_s"] for r in rows], ls, marker=mk, alpha=0.35,
+            ax.plot(mbps, [r["predicted"]["epoch_samples_per_s"] for r in rows], ls, marker=mk, alpha=0.35,
                     label=f"{lab} (predicted)")
+    adaptive = [next((r for r in doc["links"][p]["cubelake"] if r.get("adaptive")), None) for p in links]
+    if all(r is not None for r in adaptive):
+        ax.plot(mbps, [r["samples_per_s"] for r in adaptive], "-.", marker="^", label="cog, AIMD (measured)")
     ax.plot(mbps, [doc["links"][p]["peers"][0]["samples_per_s"] for p in links], "--", marker="x", color="k",
             label="rasterio per sample")
     for p in doc.get("local", {}):
