@@ -12,24 +12,30 @@ Then, for each link preset (``LinkSpec.preset(p, ttfb_ms=40)``; the proxy,
 
 1. **cubelake**: a sliding-window epoch (``Sampling(size=32, stride=32)``, batches of 64, float32,
    in-process) over the S3 lake through the link, ``prefer=("cog",)`` and ``("zarr",)``, with
-   ``ReaderConfig(threads=2)`` (the default) and with the planner's recommended concurrency
+   ``ReaderConfig(threads=2)`` (the default), with the planner's recommended concurrency
    (``plan_capacity(ds, compute_s=..., link=<the emulated link>)``, measured on a short run of the
-   same dataset). Recorded: samples/s, wall s, bytes fetched, requests, the emulator's bytes sent,
-   link use = bytes sent / (wall x link rate), and the planner's prediction for that setting.
+   same dataset) and, for the COG, with ``adaptive=True`` (AIMD from 2 up to 8). Recorded:
+   samples/s, wall s, bytes fetched, requests, the emulator's bytes sent, link use = bytes sent /
+   (wall x link rate), and the planner's epoch prediction for that setting (fill included).
 2. **peers** through the same link: (a) rasterio, one ``src.read(window=...)`` per sample on the
    scenes' COGs over ``/vsis3/`` with GDAL's cloud settings, in this process; (b) the same
    per-sample read inside a map-style torch ``Dataset`` with ``DataLoader(batch_size=64,
    num_workers=2)`` (TorchGeo's ``RasterDataset`` access pattern; TorchGeo itself is not
    installed). Both read ``--peer-samples`` windows drawn at random from the epoch's windows and
-   their rate is extrapolated to samples/s (the full epoch is not run).
+   their rate is extrapolated to samples/s (the full epoch is not run), with a GDAL block cache of
+   ``PEER_CACHE_MB`` (cubelake's resident set here): the regime of a lake much larger than memory,
+   where a long random epoch keeps missing the cache (the rate of the second half is recorded to
+   show it does not warm up).
 
 Also: the same cubelake epochs from the **local** lake, and the **ceiling** (every chunk's stored
 bytes already in memory, decoded and cast to float32 by the loader's own decoders on 2 threads);
 a **consumer with compute** on the 200 Mbit/s link (``time.sleep(T_c)`` per batch, ``T_c`` chosen
 so the planner predicts compute-bound and link-bound), stall measured by ``ds.timed``/``metrics``
-and compared with the planner's prediction for the emulated link and for the probed link; a
-**fault** epoch on the 500 Mbit/s link (5 % of GETs failing: 503, 500, reset, truncate, and stall
-with a 5 s request timeout) against a fault-free one, every batch hashed in order.
+and compared with the planner's prediction for the emulated link and for the probed link, and a
+third run that follows the planner's advice for the fill (2 chunks per round); a **fault** epoch on
+the 500 Mbit/s link (5 % of GETs failing: 503, 500, reset, truncate, and stall with a 5 s request
+timeout), opening included, against a fault-free one, every batch hashed in order, and the same
+faulty epoch with hedged requests (``hedge_after_s=1``).
 
     python bench/remote_training.py --json bench/results/remote_training.json          # 1 GiB raw
     python bench/remote_training.py --quick --json /tmp/rt_quick.json                  # 128 MiB, smoke run
@@ -327,8 +333,7 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
                     r = run_epoch(hits, url, prefer, opts, threads, emu=emu, moto=moto, **kw)
                     p = predict(link, work, r["inflight_limit"] if kw else threads, cache_budget_bytes=1024 * MiB)
                     r["predicted"] = pred_dict(p)
-                    r["workload"] = {"bytes_per_sample": work.bytes_per_sample, "request_bytes": work.request_bytes,
-                                     "decode_bytes_per_s": work.decode_bytes_per_s}
+                    r["workload"] = dataclasses.asdict(work)
                     r["recommended"] = threads == c_rec and not kw
                     out["cubelake"].append(r)
                     how = f"AIMD->{r['inflight_limit']:>2}" if kw else f"threads {threads:>2}"
@@ -336,7 +341,7 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
                           f"(predicted {p.epoch_samples_per_s:6.0f}, {p.binding}), {r['wall_s']:.1f} s, "
                           f"{r['bytes_fetched'] / MB:.0f} MB in {r['requests']} requests, link use "
                           f"{r['link_use']:.0%}, moto CPU {r['moto_cpu_s']:.1f} s", flush=True)
-            for kind in ("rasterio", "torch_dataloader_2w"):
+            for kind in () if "peers" in a.skip.split(",") else ("rasterio", "torch_dataloader_2w"):
                 r = run_peer(kind, cogs, samples, emu.endpoint, emu)
                 out["peers"].append(r)
                 print(f"  peer {kind:<20}: {r['samples_per_s']:7.1f} samples/s (second half "
@@ -345,8 +350,9 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
                       flush=True)
         best = max((r for r in out["cubelake"] if r["prefer"] == "cog" and not r.get("adaptive")),
                    key=lambda r: r["samples_per_s"])
-        out["ratio_vs_rasterio"] = best["samples_per_s"] / out["peers"][0]["samples_per_s"]
-        out["ratio_vs_torch"] = best["samples_per_s"] / out["peers"][1]["samples_per_s"]
+        if out["peers"]:
+            out["ratio_vs_rasterio"] = best["samples_per_s"] / out["peers"][0]["samples_per_s"]
+            out["ratio_vs_torch"] = best["samples_per_s"] / out["peers"][1]["samples_per_s"]
         doc["links"][preset] = out
 
 
@@ -378,12 +384,14 @@ def part_compute(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, d
         _, work_p, probed = plan_capacity(ds, compute_s=1e-3, batches=a.plan_batches)
         out["probed_link"] = {"bandwidth_bps": probed.bandwidth_bps, "ttfb_s": probed.ttfb_s}
         td = predict(link, work0, c).load_s
-        out["predicted_T_d_s"] = td
-        print(f"  concurrency {c}; predicted T_d {td * 1000:.0f} ms/batch; probed link "
-              f"{probed.bandwidth_bps / 1e6:.0f} Mbit/s, TTFB {probed.ttfb_s * 1000:.1f} ms", flush=True)
         # the third run follows the planner's advice for the first one (its fill is part of the stall):
         # fewer chunks per round, measured again for that plan
         _, work_k2 = plan(hits, url, "cog", opts, link, 1e-3, a.plan_batches, threads=c, chunks_per_round=2)
+        out["predicted_T_d_s"] = td
+        out["workload"] = dataclasses.asdict(work0)
+        out["workload_2_chunks_per_round"] = dataclasses.asdict(work_k2)
+        print(f"  concurrency {c}; predicted T_d {td * 1000:.0f} ms/batch; probed link "
+              f"{probed.bandwidth_bps / 1e6:.0f} Mbit/s, TTFB {probed.ttfb_s * 1000:.1f} ms", flush=True)
         for label, tc, cpr, w0, wp in (("compute-bound", 1.5 * td, 8, work0, work_p),
                                         ("link-bound", 0.5 * td, 8, work0, work_p),
                                         ("compute-bound, 2 chunks/round", 1.5 * td, 2, work_k2, None)):
@@ -471,8 +479,9 @@ def targets(doc: dict[str, Any]) -> dict[str, Any]:
                 row["link_use"] = r["link_use"]
                 row["met_90pct_link"] = r["link_use"] >= 0.9
             rows.append(row)
-        t[f"ratio_vs_rasterio_{preset}"] = out["ratio_vs_rasterio"]
-        t[f"ratio_vs_torch_{preset}"] = out["ratio_vs_torch"]
+        if out["peers"]:
+            t[f"ratio_vs_rasterio_{preset}"] = out["ratio_vs_rasterio"]
+            t[f"ratio_vs_torch_{preset}"] = out["ratio_vs_torch"]
     t["per_link"] = rows
     if "compute" in doc:
         cb = doc["compute"]["runs"][0]
@@ -504,7 +513,9 @@ def print_summary(doc: dict[str, Any]) -> None:
         for r in out["peers"]:
             print(f"{preset:<9}{'peer':<6}{'':>4}{r['samples_per_s']:>11.1f}{'':>11}{r['kind']:>22}  "
                   f"({r['samples']} samples, extrapolated)")
-        print(f"{'':<9}cubelake / rasterio {out['ratio_vs_rasterio']:.1f}x, / torch 2 workers {out['ratio_vs_torch']:.1f}x")
+        if out["peers"]:
+            print(f"{'':<9}cubelake / rasterio {out['ratio_vs_rasterio']:.1f}x, / torch 2 workers "
+                  f"{out['ratio_vs_torch']:.1f}x")
     for p, v in doc.get("local", {}).items():
         print(f"{'local':<9}{p:<6}{2:>4}{v['samples_per_s']:>11.0f}   ceiling {v['ceiling']['samples_per_s']:.0f}")
     print("\n== targets")
@@ -539,8 +550,9 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     adaptive = [next((r for r in doc["links"][p]["cubelake"] if r.get("adaptive")), None) for p in links]
     if all(r is not None for r in adaptive):
         ax.plot(mbps, [r["samples_per_s"] for r in adaptive], "-.", marker="^", label="cog, AIMD (measured)")
-    ax.plot(mbps, [doc["links"][p]["peers"][0]["samples_per_s"] for p in links], "--", marker="x", color="k",
-            label="rasterio per sample")
+    if all(doc["links"][p]["peers"] for p in links):
+        ax.plot(mbps, [doc["links"][p]["peers"][0]["samples_per_s"] for p in links], "--", marker="x", color="k",
+                label="rasterio per sample")
     for p in doc.get("local", {}):
         ax.axhline(doc["local"][p]["samples_per_s"], color="grey", lw=0.8, ls="-.")
     ax.set_xlabel("link bandwidth (Mbit/s), TTFB 40 ms")
@@ -591,7 +603,7 @@ def main() -> None:
     ap.add_argument("--plan-batches", type=int, default=16)
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--fault-threads", type=int, default=0, help="threads of the fault epochs (0: the planner's)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: links,compute,faults,local")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: links,peers,compute,faults,local")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--work", type=Path, default=Path("/tmp/cubelake_remote_training"))
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the plots")

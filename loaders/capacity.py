@@ -17,6 +17,15 @@ An epoch also starts empty: the first batch waits ``T_fill = r + F/X(c) + F/R_de
 while the link would otherwise idle. Over ``n`` batches the epoch takes
 ``max(n·T_d + T_c, T_fill + n·T_c)``: the supply's pace, or the consumer's after the fill.
 
+The reader's threads each fetch a request and then decode it, so a thread decoding is not
+fetching. With ``decode_threads`` set (the workload measured on that reader), the rate of ``c``
+such threads is found by mean-value analysis of a closed queueing network: each thread cycles
+through the link (a shared server, ``s/B`` a request) and a delay ``r + s/R₁`` (the first byte,
+then its own decode at the per-thread rate ``R₁``); for ``n = 1…c``: ``R(n) = (s/B)·(1 + Q(n−1))``,
+``X(n) = n / (r + s/R₁ + R(n))``, ``Q(n) = X(n)·R(n)``, and ``T_d = D·k / (s·X(c))``. It is
+exact for this model, approaches ``B`` as ``c`` grows, and is below the bound above near the knee,
+where the bench found the bound 20–45 % optimistic.
+
 What to change follows from which term is the largest: compute (nothing stalls), decode CPU
 (more decode threads or a cheaper codec), link bandwidth (a faster link, fewer bytes per
 sample, or accept the stall) or latency (more requests in flight, or larger requests).
@@ -28,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Link", "Prediction", "Workload", "fetch_rate", "predict", "requests_to_fill"]
+__all__ = ["Link", "Prediction", "Workload", "fetch_rate", "pipeline_rate", "predict", "requests_to_fill"]
 
 _FILL = 0.95  # "the link is full" when in-flight requests carry this share of it
 
@@ -62,6 +71,7 @@ class Workload:
     compute_s: float  # T_c: the model's time per batch
     first_batch_bytes: float = 0.0  # F: bytes fetched before the first batch can be cut (0: not modelled)
     epoch_batches: int = 0  # n: batches in an epoch (0: steady state only)
+    decode_threads: int = 0  # threads R_dec was measured on, each fetching then decoding (0: separate pipelines)
 
     def __post_init__(self) -> None:
         for name in ("bytes_per_sample", "request_bytes", "decode_bytes_per_s", "compute_s"):
@@ -70,9 +80,10 @@ class Workload:
                 raise ValueError(f"{name} must be a positive number, not {v}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
-        if not (self.first_batch_bytes >= 0 and math.isfinite(self.first_batch_bytes)) or self.epoch_batches < 0:
-            raise ValueError(f"first_batch_bytes and epoch_batches must be >= 0, not {self.first_batch_bytes}, "
-                             f"{self.epoch_batches}")
+        if (not (self.first_batch_bytes >= 0 and math.isfinite(self.first_batch_bytes)) or self.epoch_batches < 0
+                or self.decode_threads < 0):
+            raise ValueError(f"first_batch_bytes, epoch_batches and decode_threads must be >= 0, not "
+                             f"{self.first_batch_bytes}, {self.epoch_batches}, {self.decode_threads}")
 
     @property
     def batch_bytes(self) -> float:
@@ -114,6 +125,19 @@ def fetch_rate(link: Link, request_bytes: float, concurrency: int) -> float:
     return min(link.bytes_per_s, concurrency * request_bytes / per_request_s)
 
 
+def pipeline_rate(link: Link, request_bytes: float, concurrency: int, decode_s: float) -> float:
+    """Bytes/s that ``concurrency`` threads move when each fetches a request and then spends ``decode_s``
+    decoding it: exact mean-value analysis of that closed network (module docstring)."""
+    service = request_bytes / link.bytes_per_s
+    delay = link.ttfb_s + decode_s
+    queued = rate = 0.0
+    for n in range(1, max(1, concurrency) + 1):
+        response = service * (1 + queued)
+        rate = n / (delay + response)
+        queued = rate * response
+    return rate * request_bytes
+
+
 def requests_to_fill(link: Link, request_bytes: float) -> int:
     """The fewest requests in flight that carry 95 % of the link: ``0.95·(1 + r·B/s)``, rounded up."""
     return max(1, math.ceil(_FILL * (1 + link.ttfb_s * link.bytes_per_s / request_bytes)))
@@ -121,14 +145,14 @@ def requests_to_fill(link: Link, request_bytes: float) -> int:
 
 def predict(link: Link, work: Workload, concurrency: int, cache_budget_bytes: float | None = None) -> Prediction:
     """Predict samples/s and stall for ``concurrency`` requests in flight, and recommend settings."""
-    x = fetch_rate(link, work.request_bytes, concurrency)
+    x = _rate(link, work, concurrency)
     fetch_s = work.batch_bytes / x
     decode_s = work.batch_bytes / work.decode_bytes_per_s
     load_s = max(fetch_s, decode_s)
     period = max(work.compute_s, load_s)
     required = 8 * work.batch_bytes / work.compute_s
     binding = _binding(link, work, x, fetch_s, decode_s)
-    c_rec = requests_to_fill(link, work.request_bytes)
+    c_rec = requests_to_fill(link, work.request_bytes) if not work.decode_threads else _threads_to_fill(link, work)
     if cache_budget_bytes is not None:  # in-flight requests are held in the cache budget: at most half of it
         c_rec = max(1, min(c_rec, int(cache_budget_bytes / 2 // work.request_bytes)))
     prefetch = min(16, max(2, math.ceil(load_s / work.compute_s) + 1))
@@ -141,6 +165,19 @@ def predict(link: Link, work: Workload, concurrency: int, cache_budget_bytes: fl
     return Prediction(concurrency, x, fetch_s, decode_s, load_s, work.compute_s, work.batch_size / period,
                       work.compute_s / period, 1 - work.compute_s / period, required, link.bandwidth_bps >= required,
                       binding, c_rec, prefetch, cache, explanation, fill_s, epoch_s, epoch_sps, epoch_stall)
+
+
+def _rate(link: Link, work: Workload, concurrency: int) -> float:
+    """``X(c)``, or with ``decode_threads`` the rate of ``c`` threads that fetch and decode in turn."""
+    if not work.decode_threads:
+        return fetch_rate(link, work.request_bytes, concurrency)
+    per_request = work.request_bytes * work.decode_threads / work.decode_bytes_per_s  # one thread's decode
+    return pipeline_rate(link, work.request_bytes, concurrency, per_request)
+
+
+def _threads_to_fill(link: Link, work: Workload, most: int = 64) -> int:
+    """The fewest fetching-and-decoding threads that keep 95 % of the link busy (at most ``most``)."""
+    return next((c for c in range(1, most + 1) if _rate(link, work, c) >= _FILL * link.bytes_per_s), most)
 
 
 def _epoch(link: Link, work: Workload, x: float, load_s: float) -> tuple[float, float, float, float]:

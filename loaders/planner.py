@@ -41,7 +41,8 @@ def workload_from_metrics(m: LoaderMetrics, compute_s: float, decode_threads: in
                             "measure with an empty cache and at least one batch")
     decode_rate = m.bytes_fetched * max(1, decode_threads) / max(m.decode_s, 1e-9)
     return Workload(bytes_per_sample=m.bytes_fetched / m.samples, batch_size=max(1, round(m.samples / m.batches)),
-                    request_bytes=m.bytes_fetched / m.requests, decode_bytes_per_s=decode_rate, compute_s=compute_s)
+                    request_bytes=m.bytes_fetched / m.requests, decode_bytes_per_s=decode_rate, compute_s=compute_s,
+                    decode_threads=max(1, decode_threads))
 
 
 def measure_workload(ds: CubeDataset, compute_s: float, batches: int = 16) -> tuple[Workload, LoaderMetrics]:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cubelake.loaders import LoaderMetrics
-from cubelake.loaders.capacity import Link, Workload, fetch_rate, predict, requests_to_fill
+from cubelake.loaders.capacity import Link, Workload, fetch_rate, pipeline_rate, predict, requests_to_fill
 from cubelake.loaders.metrics import latency_bucket
 
 LINK = Link(bandwidth_bps=200e6, ttfb_s=0.040)  # 25 MB/s
@@ -134,3 +134,22 @@ def test_without_an_epoch_length_the_epoch_figures_are_the_steady_state() -> Non
     assert p.epoch_stall_fraction == pytest.approx(p.stall_fraction)
     with pytest.raises(ValueError, match="first_batch_bytes"):
         dataclasses.replace(_work(), epoch_batches=-1)
+
+
+def test_threads_that_fetch_and_decode_in_turn_by_mean_value_analysis() -> None:
+    """s = 1 MB on 25 MB/s (0.04 s on the link), r = 0.04 s, 100 MB/s decoded by 2 threads (0.02 s a
+    request each): n=1: R 0.04, X 1/0.1 = 10/s, Q 0.4; n=2: R 0.04·1.4 = 0.056, X 2/0.116 = 17.24/s."""
+    link = Link(bandwidth_bps=200e6, ttfb_s=0.04)
+    assert pipeline_rate(link, 1e6, 1, 0.02) == pytest.approx(1e6 / 0.1)
+    assert pipeline_rate(link, 1e6, 2, 0.02) == pytest.approx(2e6 / 0.116)
+    assert pipeline_rate(link, 1e6, 200, 0.02) == pytest.approx(25e6, rel=0.01)  # the link, at most
+    assert pipeline_rate(link, 1e6, 4, 0.0) <= fetch_rate(link, 1e6, 4)  # never above the bound
+    work = Workload(bytes_per_sample=1e6, batch_size=8, request_bytes=1e6, decode_bytes_per_s=100e6, compute_s=0.1,
+                    decode_threads=2)
+    p = predict(link, work, concurrency=2)
+    assert p.fetch_bytes_per_s == pytest.approx(2e6 / 0.116)
+    assert p.load_s == pytest.approx(8e6 / (2e6 / 0.116))  # 0.464 s, where the bound says 0.32 s
+    assert p.binding == "latency"  # two threads half busy decoding leave the link partly idle
+    assert pipeline_rate(link, 1e6, p.recommended_concurrency, 0.02) >= 0.95 * 25e6
+    assert pipeline_rate(link, 1e6, p.recommended_concurrency - 1, 0.02) < 0.95 * 25e6
+    assert f"keep {p.recommended_concurrency} in flight" in p.explanation

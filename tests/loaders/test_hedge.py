@@ -159,6 +159,18 @@ def _read_all(src: ChunkSource, config: ReaderConfig) -> tuple[float, LoaderMetr
     return elapsed, metrics, [np.array(c) for c in chunks]
 
 
+def _stalled_read(src: ChunkSource, s3_server: S3Server, seed: int, stall_s: float, config: ReaderConfig,
+                  clean: list[np.ndarray]) -> tuple[float, LoaderMetrics, int]:
+    """Every chunk read through a link where a quarter of the GETs stall ``stall_s``; checked against ``clean``."""
+    with LinkEmulator(s3_server.endpoint, link=LinkSpec(ttfb_ms=10), seed=seed,
+                      faults=FaultSpec(rate=0.25, kinds="stall", stall_s=stall_s)) as emu:
+        took, m, got = _read_all(_over(src, s3_server, emu.endpoint, request_timeout_s=60, max_retries=0), config)
+        stalls = emu.stats.faults["stall"]
+    for a, b in zip(got, clean, strict=True):
+        np.testing.assert_array_equal(a, b)
+    return took, m, stalls
+
+
 def test_hedging_cuts_the_stall_of_a_slow_request(small_cog: ChunkSource, s3_server: S3Server) -> None:
     """A quarter of the GETs stall halfway through their body: hedged, the scene arrives in well under the
     stall time, byte for byte as over a clean link; not hedged, it waits out every stall."""
@@ -168,14 +180,8 @@ def test_hedging_cuts_the_stall_of_a_slow_request(small_cog: ChunkSource, s3_ser
     _, clean_m, clean = _read_all(small_cog, config)
     assert clean_m.hedges == 0
 
-    hedged_cfg = dataclasses.replace(config, hedge_after_s=0.3)
-    with LinkEmulator(s3_server.endpoint, link=LinkSpec(ttfb_ms=10), seed=seed,
-                      faults=FaultSpec(rate=0.25, kinds="stall", stall_s=20)) as emu:
-        src = _over(small_cog, s3_server, emu.endpoint, request_timeout_s=60, max_retries=0)
-        took, m, got = _read_all(src, hedged_cfg)
-        stalls = emu.stats.faults["stall"]
-    for a, b in zip(got, clean, strict=True):
-        np.testing.assert_array_equal(a, b)
+    took, m, stalls = _stalled_read(small_cog, s3_server, seed, 20, dataclasses.replace(config, hedge_after_s=0.3),
+                                    clean)
     assert stalls >= 2
     assert m.hedges >= stalls  # every stalled request was duplicated
     assert m.hedge_wins >= stalls  # and lost to its duplicate
@@ -184,13 +190,7 @@ def test_hedging_cuts_the_stall_of_a_slow_request(small_cog: ChunkSource, s3_ser
     assert f"{m.hedges} hedged requests ({m.hedge_wins} won)" in m.report()
 
     # the same link, not hedged, with a stall of 2 s (not 20: the test stays short)
-    with LinkEmulator(s3_server.endpoint, link=LinkSpec(ttfb_ms=10), seed=seed,
-                      faults=FaultSpec(rate=0.25, kinds="stall", stall_s=2)) as emu:
-        src = _over(small_cog, s3_server, emu.endpoint, request_timeout_s=60, max_retries=0)
-        plain_took, plain_m, got = _read_all(src, config)
-        plain_stalls = emu.stats.faults["stall"]
-    for a, b in zip(got, clean, strict=True):
-        np.testing.assert_array_equal(a, b)
+    plain_took, plain_m, plain_stalls = _stalled_read(small_cog, s3_server, seed, 2, config, clean)
     assert plain_m.hedges == 0
     assert plain_stalls >= 2
     assert plain_took >= plain_stalls * 2  # each stall waited out (one request in flight)
