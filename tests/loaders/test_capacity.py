@@ -8,7 +8,14 @@ import json
 import pytest
 
 from cubelake.loaders import LoaderMetrics
-from cubelake.loaders.capacity import Link, Workload, fetch_rate, pipeline_rate, predict, requests_to_fill
+from cubelake.loaders.capacity import (
+    Link,
+    Workload,
+    fetch_rate,
+    pipeline_rate,
+    predict,
+    requests_to_fill,
+)
 from cubelake.loaders.metrics import latency_bucket
 
 LINK = Link(bandwidth_bps=200e6, ttfb_s=0.040)  # 25 MB/s
