@@ -118,6 +118,31 @@ def cog_keys(url: str, hits: list[Any], options: dict[str, str]) -> list[str]:
     return out
 
 
+class EmulatorProcess:
+    """``cubelake link emulate`` in its own process (its Python does not share this process's GIL with the
+    loader); ``stats`` only once it has stopped, so epochs through it measure link use by the loader's
+    bytes fetched."""
+
+    def __init__(self, upstream: str, preset: str, seed: int) -> None:
+        from cubelake.linkemu import LinkSpec
+
+        self.link = LinkSpec.preset(preset, ttfb_ms=TTFB_MS)
+        self.proc = subprocess.Popen([str(BIN / "cubelake"), "link", "emulate", "--upstream", upstream, "--preset",
+                                      preset, "--ttfb-ms", str(TTFB_MS), "--seed", str(seed), "--format", "json"],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.endpoint = json.loads(self.proc.stdout.readline())["endpoint"]
+        self.stats_at_stop: dict[str, Any] = {}
+
+    def __enter__(self) -> EmulatorProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=30)
+        self.stats_at_stop = json.loads(out.strip().splitlines()[-1])["stats"]
+
+
 # -- cubelake -----------------------------------------------------------------------------------------
 
 
@@ -135,7 +160,7 @@ def make_ds(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] | N
 
 def run_epoch(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] | None, threads: int,
               emu: Any = None, moto: Moto | None = None, compute_s: float = 0.0, hashes: bool = False,
-              **ds_kw: Any) -> dict[str, Any]:
+              link_rate: float = 0.0, **ds_kw: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     ds = make_ds(hits, lake, prefer, options, threads, **ds_kw)
     t_open = time.perf_counter() - t0
@@ -176,6 +201,8 @@ def run_epoch(hits: list[Any], lake: str, prefer: str, options: dict[str, Any] |
         r["link_faults"] = {k: s1.faults[k] - s0.faults[k] for k in s1.faults}
         rate = emu.link.bytes_per_s
         r["link_use"] = r["link_bytes_sent"] / (wall * rate) if rate else None
+    elif link_rate:  # an emulator in its own process: the useful bytes the loader fetched
+        r["link_use"] = m.bytes_fetched / (wall * link_rate)
     if hashes:
         r["batch_hashes"] = digests
         r["epoch_hash"] = hashlib.sha256("".join(digests).encode()).hexdigest()
@@ -317,9 +344,11 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
         spec = LinkSpec.preset(preset, ttfb_ms=TTFB_MS)
         link = Link(bandwidth_bps=RATES[preset], ttfb_s=TTFB_MS / 1000)
         out: dict[str, Any] = {"cubelake": [], "peers": []}
-        with LinkEmulator(moto.endpoint, link=spec, seed=a.seed) as emu:
+        in_process = a.emulator == "thread"
+        with (LinkEmulator(moto.endpoint, link=spec, seed=a.seed) if in_process
+              else EmulatorProcess(moto.endpoint, preset, a.seed)) as emu:
             opts = {**moto.options(), "endpoint_url": emu.endpoint}
-            print(f"\n[{preset}] {spec.describe()} via {emu.endpoint}", flush=True)
+            print(f"\n[{preset}] {spec.describe()} via {emu.endpoint} ({a.emulator})", flush=True)
             for prefer in ("cog", "zarr"):
                 pred, work = plan(hits, url, prefer, opts, link, 1e-3, a.plan_batches)
                 c_rec = pred.recommended_concurrency
@@ -330,7 +359,8 @@ def part_links(a: argparse.Namespace, moto: Moto, hits: list[Any], url: str, cog
                 if prefer == "cog":  # the AIMD controller finding the concurrency itself, from 2 up to 8
                     runs.append((2, {"adaptive": True, "max_threads": 8}))
                 for threads, kw in runs:
-                    r = run_epoch(hits, url, prefer, opts, threads, emu=emu, moto=moto, **kw)
+                    r = run_epoch(hits, url, prefer, opts, threads, emu=emu if in_process else None, moto=moto,
+                                  link_rate=RATES[preset] / 8, **kw)
                     p = predict(link, work, r["inflight_limit"] if kw else threads, cache_budget_bytes=1024 * MiB)
                     r["predicted"] = pred_dict(p)
                     r["workload"] = dataclasses.asdict(work)
@@ -605,10 +635,14 @@ def main() -> None:
     ap.add_argument("--fault-threads", type=int, default=0, help="threads of the fault epochs (0: the planner's)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: links,peers,compute,faults,local")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--emulator", choices=("thread", "process"), default="thread",
+                    help="the link emulator of the links part on a thread of this process, or in its own process")
     ap.add_argument("--work", type=Path, default=Path("/tmp/cubelake_remote_training"))
     ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for the plots")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if a.emulator == "process" and "peers" not in a.skip.split(","):
+        ap.error("--emulator process counts link bytes by the loader's own figures: run it with --skip ...,peers")
     if a.quick:
         a.scenes, a.peer_samples, a.plan_batches, a.local_epochs = 1, 100, 4, 1
     a.work.mkdir(parents=True, exist_ok=True)
