@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cubelake.ingest import IngestOptions, ingest
-from tests.conftest import REAL, hsi_cube, write_geotiff
+from tests.conftest import REAL, S3Server, hsi_cube, write_geotiff
 
 NODATA = -9999
 TAGS = [{"wavelength": str(400 + 20 * i), "fwhm": "10", "wavelength_units": "nm"} for i in range(24)]
@@ -53,3 +55,13 @@ def expected_window(cube: np.ndarray, row: int, col: int, h: int, w: int, fill: 
     out[:, y0 - row:y1 - row, x0 - col:x1 - col] = part
     return out
 
+
+
+def upload_tiled_tif(path: Path, server: S3Server, bucket: str, shape: tuple[int, int, int], block: int,
+                     seed: int) -> str:
+    """A pixel-interleaved int16 GeoTIFF of ``shape (bands, y, x)`` tiled ``block``², uploaded; its ``s3://`` URL."""
+    bands, h, w = shape
+    write_geotiff(path, hsi_cube(bands, h, w, seed=seed), tiled=True, blockxsize=block, blockysize=block,
+                  interleave="pixel")
+    server.client().upload_file(str(path), bucket, path.name)
+    return f"s3://{bucket}/{path.name}"

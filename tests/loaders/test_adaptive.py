@@ -18,7 +18,8 @@ from cubelake.loaders.reader import ChunkReader
 from cubelake.loaders.sources import open_sources
 from cubelake.storage import S3Options
 
-from ..conftest import S3Server, hsi_cube, write_geotiff
+from ..conftest import S3Server
+from .conftest import upload_tiled_tif
 
 
 def _run(ctl: AimdController, link: Link, size: float, requests: int) -> float:
@@ -76,10 +77,7 @@ def test_the_gate_admits_at_most_its_limit() -> None:
 @pytest.fixture
 def big_cog(tmp_path: Path, s3_server: S3Server, s3_bucket: str) -> str:
     """A 24 x 768 x 768 int16 tiled GeoTIFF (27 MiB, 144 tiles of 64 x 64) on the test server."""
-    path = write_geotiff(tmp_path / "big.tif", hsi_cube(24, 768, 768, seed=5), tiled=True, blockxsize=64,
-                         blockysize=64, interleave="pixel")
-    s3_server.client().upload_file(str(path), s3_bucket, "big.tif")
-    return f"s3://{s3_bucket}/big.tif"
+    return upload_tiled_tif(tmp_path / "big.tif", s3_server, s3_bucket, (24, 768, 768), 64, seed=5)
 
 
 def _read_all(url: str, opts: S3Options, config: ReaderConfig) -> tuple[float, LoaderMetrics, list[int], Any]:

@@ -25,7 +25,8 @@ from cubelake.loaders.reader import ChunkReader
 from cubelake.loaders.sources import ChunkSource, open_sources
 from cubelake.storage import S3Options, StorageError, is_throttle, object_at
 
-from ..conftest import S3Server, hsi_cube, write_geotiff
+from ..conftest import S3Server
+from .conftest import upload_tiled_tif
 
 # -- the waiting logic ------------------------------------------------------------------------------
 
@@ -126,10 +127,7 @@ def _stall_seed(rate: float, chunks: int) -> int:
 @pytest.fixture
 def small_tif(tmp_path: Path, s3_server: S3Server, s3_bucket: str) -> str:
     """A 4 x 256 x 256 int16 tiled GeoTIFF (16 tiles of 64 x 64, 32 KiB each) on the test server."""
-    path = write_geotiff(tmp_path / "small.tif", hsi_cube(4, 256, 256, seed=7), tiled=True, blockxsize=64,
-                         blockysize=64, interleave="pixel")
-    s3_server.client().upload_file(str(path), s3_bucket, "small.tif")
-    return f"s3://{s3_bucket}/small.tif"
+    return upload_tiled_tif(tmp_path / "small.tif", s3_server, s3_bucket, (4, 256, 256), 64, seed=7)
 
 
 @pytest.fixture
