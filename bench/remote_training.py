@@ -552,6 +552,15 @@ def print_summary(doc: dict[str, Any]) -> None:
     print(json.dumps(doc.get("targets", {}), indent=1, default=float))
 
 
+def _save(fig: Any, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
 def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     try:
         import matplotlib
@@ -590,11 +599,7 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     ax.set_yscale("log")
     ax.set_title("Sliding-window epoch over an emulated link (grey: local)")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    f1 = out_dir / "remote_training_throughput.png"
-    fig.savefig(f1, dpi=120)
-    files.append(str(f1))
-    plt.close(fig)
+    files.append(_save(fig, out_dir / "remote_training_throughput.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     labels, busy, stall = [], [], []
     for p in links:
@@ -614,11 +619,7 @@ def plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     ax.set_ylabel("share of epoch wall time")
     ax.set_title("Stall breakdown per link (planner concurrency)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    f2 = out_dir / "remote_training_stall.png"
-    fig.savefig(f2, dpi=120)
-    files.append(str(f2))
-    plt.close(fig)
+    files.append(_save(fig, out_dir / "remote_training_stall.png"))
     return files
 
 

@@ -573,8 +573,28 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             x, idx, rows, masked = x[keep], idx[keep], rows[keep], masked[keep]
             outside = outside[keep] if outside is not None else None
         scenes = rows[:, SCENE]
+        ok = self._fill_and_scale(x, scenes, masked, outside)
+        invalid = int((~ok).sum()) if ok is not None else 0
+        if invalid:
+            x, idx, rows, scenes = x[ok], idx[ok], rows[ok], scenes[ok]
+        proj = self.spectral.projection
+        if proj is not None:
+            x = proj.apply(x)
+        if x.dtype != np.dtype(self.spectral.dtype):
+            x = x.astype(self.spectral.dtype)
+        image = torch.from_numpy(x)
+        label = self._batch_labels(table, idx, rows)
+        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
+                    assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
+        window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
+        return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
+                "window": torch.from_numpy(window.astype(np.int64))}
+
+    def _fill_and_scale(self, x: np.ndarray, scenes: np.ndarray, masked: np.ndarray,
+                        outside: np.ndarray | None) -> np.ndarray | None:
+        """Scale ``x`` in place and set its nodata, NaN and outside pixels to the fill; the samples valid
+        enough to keep (``None``: no ``min_valid`` check was needed)."""
         gain, off, fillv = (v[scenes] for v in self._affine_params)
-        invalid = 0
         mi = np.flatnonzero(masked)
         bad: np.ndarray | None = None
         if mi.size:  # nodata, NaN and outside pixels of the samples that can have them (before scaling)
@@ -589,29 +609,16 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         if not (np.all(gain == 1.0) and np.all(off == 0.0)):
             x *= gain[:, :, None, None]
             x += off[:, :, None, None]
-        if bad is not None:
-            sub = x[mi]
-            sub[bad] = self.spectral.fill
-            x[mi] = sub
-            if self.sampling.min_valid > 0:
-                frac = np.ones(x.shape[0])
-                frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
-                ok = frac >= self.sampling.min_valid
-                invalid = int((~ok).sum())
-                if invalid:
-                    x, idx, rows, scenes = x[ok], idx[ok], rows[ok], scenes[ok]
-        proj = self.spectral.projection
-        if proj is not None:
-            x = proj.apply(x)
-        if x.dtype != np.dtype(self.spectral.dtype):
-            x = x.astype(self.spectral.dtype)
-        image = torch.from_numpy(x)
-        label = self._batch_labels(table, idx, rows)
-        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
-                    assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
-        window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
-        return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
-                "window": torch.from_numpy(window.astype(np.int64))}
+        if bad is None:
+            return None
+        sub = x[mi]
+        sub[bad] = self.spectral.fill
+        x[mi] = sub
+        if self.sampling.min_valid <= 0:
+            return None
+        frac = np.ones(x.shape[0])
+        frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
+        return frac >= self.sampling.min_valid
 
     def _batch_labels(self, table: SampleTable, idx: np.ndarray, rows: np.ndarray) -> torch.Tensor:
         if self.sampling.labels != "dense":
