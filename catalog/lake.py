@@ -56,7 +56,7 @@ from .items import (
 )
 from .query import ParsedQuery, Query
 
-__all__ = ["INDEX_FILE", "LakeCatalog", "ReindexReport", "StacReport", "check_item", "read_item"]
+__all__ = ["INDEX_FILE", "LakeCatalog", "ReindexReport", "StacReport", "check_item", "collect_garbage", "read_item"]
 
 log = logging.getLogger(__name__)
 
@@ -578,3 +578,11 @@ class LakeCatalog:
                 collections[c] = json.loads(self.collection_path(c).read_text())
         items = (self._item(h, absolute=True) for h in hrefs)
         return export_geoparquet(items, path, collections=collections or None)
+
+
+def collect_garbage(lake: AnyLake, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
+    """``cubelake lake gc``: what crashed or replaced ingests left in the lake and its catalog, one line each."""
+    lines = lake.gc(grace, dry_run=dry_run)
+    with LakeCatalog(lake) as cat:
+        lines += cat.gc(grace, dry_run=dry_run)
+    return lines

@@ -8,6 +8,9 @@ Layout (``LAKE_VERSION`` 1)::
     <lake>/.staging/<id>.<pid>.<n>/  products being built (never read by anyone)
     <lake>/.trash/                   replaced scenes on their way out
     <lake>/.locks/<id>.lock          one ingest of a scene at a time, across processes
+    <lake>/jobs/<job>/               a scheduled job's ledger: lease.json, inputs/, steps/, runs/ (cubelake.jobs)
+    <lake>/cubes/<job>/              the job's stacked datacubes (reference sets of scenes on one grid)
+    <lake>/exports/                  catalog snapshots (stac-geoparquet) that jobs export
 
 A scene is built completely in ``.staging`` and moved into ``scenes/`` with one ``rename``,
 so readers see the old scene or the new one, never a partial one. After a crash, stale
@@ -37,8 +40,8 @@ from .errors import CorruptRecordError, LakeError
 from .record import SCENE_RECORD_FILE, SceneRecord, read_scene_record
 from .storage import S3Options, Store, is_url, open_store
 
-__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "format_bytes", "is_disk_full", "open_lake",
-           "pid_alive", "safe_scene_id"]
+__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "cube_key", "format_bytes", "is_disk_full",
+           "job_key", "open_lake", "pid_alive", "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,23 @@ def safe_scene_id(name: str, max_len: int = 96) -> str:
         digest = hashlib.sha1(cleaned.encode()).hexdigest()[:8]
         cleaned = f"{cleaned[: max_len - 9]}-{digest}"
     return cleaned
+
+
+def job_key(job: str, *parts: str) -> str:
+    """The key, relative to the lake root (a folder or an object-store prefix), of a job's ledger object."""
+    if safe_scene_id(job) != job:
+        raise LakeError(f"{job!r} is not a safe job name")
+    for part in parts:
+        if safe_scene_id(part) != part:
+            raise LakeError(f"{part!r} is not a safe ledger key")
+    return "/".join(("jobs", job, *parts))
+
+
+def cube_key(job: str, name: str) -> str:
+    """The key of a stacked datacube a job writes (a reference set of scenes on one grid)."""
+    if safe_scene_id(job) != job or safe_scene_id(name) != name:
+        raise LakeError(f"{job!r}/{name!r} is not a safe cube name")
+    return f"cubes/{job}/{name}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -388,7 +388,7 @@ def _dir_size(path: Path) -> int:
 def ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
                  progress: ProgressCallback | None = None) -> IngestResult:
     """Validate, calibrate and convert one scene into ``lake``; never raises for bad input."""
-    with remote_input(inp) as ready:  # an object that cannot be fetched fails this scene in _ingest_one
+    with remote_input(inp) as ready:  # an object that cannot be fetched fails this scene in ingest_one
         return _ingest_scene(ready, lake, options or IngestOptions(), progress)
 
 
@@ -923,6 +923,13 @@ def _publish(lake: AnyLake, staged: Path, scene_id: str) -> Path | str:
 def iter_ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
                 progress: ProgressCallback | None = None, labels: str | Path | None = None) -> Iterator[IngestResult]:
     """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes."""
+    lk = prepare_lake(lake)
+    for scene in discover(paths, labels=labels, skip=(lk.root,) if isinstance(lk, Lake) else ()):
+        yield ingest_one(scene, lk, options, progress)
+
+
+def prepare_lake(lake: str | Path | AnyLake) -> AnyLake:
+    """Open the lake and finish what crashed runs left (staging, half-replaced scenes, pending index entries)."""
     lk = open_lake(lake)
     try:
         lk.recover()
@@ -933,8 +940,7 @@ def iter_ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options
             raise LakeFullError(f"{lk.root}: the lake cannot be written: the {lk.space_text()}. Free space (or use a "
                                 "--lake on another device) and run the same command again") from exc
         raise
-    for scene in discover(paths, labels=labels, skip=(lk.root,) if isinstance(lk, Lake) else ()):
-        yield _ingest_one(scene, lk, options, progress)
+    return lk
 
 
 def ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
@@ -943,8 +949,9 @@ def ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: Ing
     return list(iter_ingest(paths, lake, options, progress, labels))
 
 
-def _ingest_one(scene: SceneInput, lake: AnyLake, options: IngestOptions | None,
-                progress: ProgressCallback | None) -> IngestResult:
+def ingest_one(scene: SceneInput, lake: AnyLake, options: IngestOptions | None = None,
+               progress: ProgressCallback | None = None) -> IngestResult:
+    """:func:`ingest_scene`, with any failure of the build turned into a ``FAILED`` result (never raises)."""
     t0 = time.perf_counter()
     try:
         return ingest_scene(scene, lake, options, progress)

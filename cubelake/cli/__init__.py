@@ -1,6 +1,7 @@
 """The ``cubelake`` command. Command bodies parse, call the library, render; nothing else.
 
-Exit codes: 0 everything ok, 1 some scenes rejected, 2 usage error, 130 interrupted.
+Exit codes: 0 everything ok, 1 some scenes rejected, 2 usage error, 3 a job already running (jobs run),
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from . import lake as _lake
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
+from .jobs import jobs_app
 from .link import link_app
 from .loader import loader_app
 from .refs import refs_app
@@ -42,6 +44,7 @@ app.add_typer(refs_app, name="refs")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(link_app, name="link")
 app.add_typer(loader_app, name="loader")
+app.add_typer(jobs_app, name="jobs")
 
 
 def main() -> None:

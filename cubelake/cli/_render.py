@@ -50,7 +50,19 @@ def configure_output(verbose: int, quiet: bool) -> None:
     logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
     logging.getLogger("tifffile").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
     logging.getLogger("filelock").setLevel(logging.WARNING)  # a DEBUG line per lock taken
+    # Dask distributed logs every scheduler, nanny and connection event at INFO; jobs print what matters
+    quiet_dask(verbose)
     STATE.quiet = STATE.quiet or quiet
+
+
+def quiet_dask(verbose: int = 0) -> None:
+    """Dask distributed logs every scheduler, nanny and connection event at INFO on its own loggers (set when it
+    is imported); a job prints what matters, so they show with -vv only."""
+    level = logging.DEBUG if verbose >= 2 else logging.ERROR
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith(("distributed", "bokeh", "tornado"))]:
+        logging.getLogger(name).setLevel(level)
+    for name in ("distributed", "bokeh", "tornado"):
+        logging.getLogger(name).setLevel(level)
 
 
 def clean(text: object) -> str:

@@ -124,12 +124,10 @@ def gc_cmd(
     configure_output(verbose, quiet)
     keep = _grace(grace)
     lk = _open(lake)
-    from cubelake.catalog import LakeCatalog
+    from cubelake.catalog.lake import collect_garbage
 
     try:
-        lines = lk.gc(keep, dry_run=dry_run)
-        with LakeCatalog(lk) as cat:
-            lines += cat.gc(keep, dry_run=dry_run)
+        lines = collect_garbage(lk, keep, dry_run=dry_run)
     except CubelakeError as exc:
         raise fail(exc, 2) from None
     out = out_console()
