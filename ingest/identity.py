@@ -24,7 +24,8 @@ from cubelake.storage import object_at, url_of_gdal_path
 from .sources import SceneInput, SceneKind
 from .sources.envi import DATA_EXTENSIONS
 
-__all__ = ["FORMAT_VERSION", "FileFingerprint", "config_hash", "content_hash", "fingerprint_files", "scene_id_for"]
+__all__ = ["FORMAT_VERSION", "FileFingerprint", "base_name", "config_hash", "content_hash", "fingerprint_files",
+           "scene_id_for"]
 
 #: Bumped when products change shape for the same inputs and config (forces re-ingest).
 FORMAT_VERSION = 1
@@ -84,7 +85,8 @@ def config_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _base_name(inp: SceneInput, tags: dict[str, str] | None) -> str:
+def base_name(inp: SceneInput, tags: dict[str, str] | None = None) -> str:
+    """The name a scene's id starts from (before any suffix that tells two sources of one name apart)."""
     if inp.kind is SceneKind.LANDSAT:
         if tags and tags.get("LANDSAT_SCENE_ID"):
             return tags["LANDSAT_SCENE_ID"]
@@ -103,7 +105,7 @@ def _base_name(inp: SceneInput, tags: dict[str, str] | None) -> str:
 
 def scene_id_for(lake: AnyLake, inp: SceneInput, tags: dict[str, str] | None = None) -> str:
     """A safe, stable id; another source already owning the name gets a path-hash suffix."""
-    base = safe_scene_id(_base_name(inp, tags))
+    base = safe_scene_id(base_name(inp, tags))
     source = inp.url or (str(inp.path.resolve()) if inp.path.exists() else os.path.abspath(inp.path))
     for cand in (base, f"{base}-{hashlib.sha1(os.fsencode(source)).hexdigest()[:8]}"):
         rec = lake.scene_record(cand)

@@ -8,6 +8,7 @@ A rejected scene leaves its report in ``rejected/`` and nothing else; other scen
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,6 +34,7 @@ from cubelake.errors import (
     CatalogError,
     ContentMismatchError,
     CubelakeError,
+    LakeError,
     LakeFullError,
     NoCubeError,
     SceneNotFoundError,
@@ -405,8 +407,7 @@ def _ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions,
     report = opened.report
     source = opened.source
     try:
-        scene_id = scene_id_for(lake, inp, source.meta.tags if source is not None else None)
-        with lake.lock(scene_id):
+        with _claimed_id(lake, inp, source.meta.tags if source is not None else None) as scene_id:
             previous = lake.scene_record(scene_id)
             if not report.ok or source is None or opened.plan is None:
                 if source is not None and not any(i.code in _NO_PIXEL_PASS for i in report.errors):
@@ -422,6 +423,22 @@ def _ingest_scene(inp: SceneInput, lake: AnyLake, options: IngestOptions,
     finally:
         if source is not None:
             source.close()
+
+
+@contextlib.contextmanager
+def _claimed_id(lake: AnyLake, inp: SceneInput, tags: dict[str, str] | None) -> Iterator[str]:
+    """The scene's id, with its lock held. Two sources of one name ingested at once (two workers of a job)
+    may both find the plain id free; the one that gets the lock second sees the other's record under it,
+    so the id is looked up again under the lock until it is stable (never replacing another source's scene)."""
+    scene_id = scene_id_for(lake, inp, tags)
+    for _ in range(4):
+        with lake.lock(scene_id):
+            again = scene_id_for(lake, inp, tags)
+            if again == scene_id:
+                yield scene_id
+                return
+        scene_id = again
+    raise LakeError(f"{inp.name}: its scene id kept changing while other ingests claimed it; run the ingest again")
 
 
 @dataclass(frozen=True, slots=True)

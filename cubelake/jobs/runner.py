@@ -91,6 +91,13 @@ def _memory_resources(client: Any, need: int) -> dict[str, int] | None:
     return None
 
 
+def _id_base(p: PlannedInput) -> str:
+    from cubelake.ingest.identity import base_name
+    from cubelake.lake import safe_scene_id
+
+    return safe_scene_id(base_name(p.scene)).lower()
+
+
 def _entry(p: PlannedInput, run_id: str, state: str, **extra: Any) -> dict[str, Any]:
     return {"input": p.name, "run_id": run_id, "state": state, "settings_hash": p.settings_hash,
             "files": p.files, "finished": now_iso(), **extra}
@@ -125,27 +132,44 @@ class _Run:
     emit: Emit
 
     def ingest(self, client: Any, plan: Plan) -> list[dict[str, Any]]:
+        """One task per scene; outcomes go to the ledger as they arrive.
+
+        Scenes whose names would give the same scene id run one after the other, in input order, as
+        ``cubelake ingest`` runs them: the first keeps the plain id, the next gets its path-hash suffix,
+        and a rerun gives each the same id again (concurrently, which one wins would be a race).
+        """
         from distributed import as_completed
 
-        res = self.manifest.resources
-        need = _memory_resources(client, res.memory_per_task)
-        futures = {}
+        need = _memory_resources(client, self.manifest.resources.memory_per_task)
+        queues: dict[str, list[PlannedInput]] = {}
         for p in plan.todo:
-            fut = client.submit(ingest_task, self.lake.url, p, res.threads_per_task, key=f"ingest-{p.key}-"
-                                f"{self.record['run_id']}", retries=res.retries, pure=False, resources=need)
-            futures[fut.key] = (p, fut)
+            queues.setdefault(_id_base(p), []).append(p)
+        pending: dict[str, tuple[PlannedInput, str]] = {}
+        ac = as_completed(loop=client.loop)
+        for base, queue in queues.items():
+            ac.add(self._submit(client, queue.pop(0), base, pending, need))
         done: list[dict[str, Any]] = []
-        for fut in as_completed([f for _, f in futures.values()], loop=client.loop):
-            p, _ = futures[fut.key]
+        for fut in ac:
+            p, base = pending.pop(fut.key)
             entry = _outcome(p, self.record["run_id"], fut)
             self.ledger.put_entry(p.key, entry)
             done.append({"key": p.key, **entry})
             self.emit(JobEvent("input", {"key": p.key, **entry}))
             if self.lease.lost:
-                client.cancel([f for _, f in futures.values()])
+                client.cancel(list(ac.futures))
                 raise CubelakeError(f"job {self.manifest.name}: another run took over its lease; this run stopped "
                                     "(its finished scenes are recorded)")
+            if queues[base]:
+                ac.add(self._submit(client, queues[base].pop(0), base, pending, need))
         return done
+
+    def _submit(self, client: Any, p: PlannedInput, base: str, pending: dict[str, tuple[PlannedInput, str]],
+                need: dict[str, int] | None) -> Any:
+        res = self.manifest.resources
+        fut = client.submit(ingest_task, self.lake.url, p, res.threads_per_task, key=f"ingest-{p.key}-"
+                            f"{self.record['run_id']}", retries=res.retries, pure=False, resources=need)
+        pending[fut.key] = (p, base)
+        return fut
 
     def scene_ids(self) -> list[str]:
         return sorted({str(e["scene_id"]) for e in self.ledger.entries().values()

@@ -1,0 +1,236 @@
+"""Jobs on a real Dask cluster: ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1.
+
+What is checked on the lake itself: the same scenes, hashes and pixels as ``cubelake ingest``; every scene
+exactly once after a worker dies mid-job or the client is killed at random moments; no work on a rerun;
+exactly the changed scene redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import rasterio
+
+from tests.conftest import no_traceback, run_cli
+
+from .conftest import (
+    DaskCluster,
+    check_scene_complete,
+    lake_state,
+    scene_mtimes,
+    start_cluster,
+    stop_cluster,
+    write_manifest,
+    write_scene,
+)
+
+pytestmark = pytest.mark.slow
+
+REAL_DIRS = ("hsi_enmap_potsdam", "hsi_aviris_ng_isofit", "hsi_jasper_ridge", "hsi_samson", "landsat8_rio_toa",
+             "bad_inputs")
+
+
+def jobs_run(manifest: Path, cluster: DaskCluster, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return run_cli("jobs", "run", str(manifest), "--scheduler", cluster.address, *extra, timeout=timeout)
+
+
+def status(manifest: Path) -> dict[str, Any]:
+    res = run_cli("jobs", "status", str(manifest), "--format", "json", timeout=120)
+    assert res.returncode == 0, no_traceback(res)
+    return dict(json.loads(res.stdout))
+
+
+def test_a_manifest_over_the_real_scenes_builds_the_lake_cubelake_ingest_builds(
+        real: Path, tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    dirs = [str(real / d) for d in REAL_DIRS]
+    cli = run_cli("ingest", "--lake", str(tmp_path / "cli"), "--products", "cog,zarr,refs", *dirs, timeout=900)
+    manifest = write_manifest(tmp_path / "real.yaml", {
+        "version": 1, "name": "real", "lake": str(tmp_path / "job"), "inputs": dirs,
+        "steps": {"ingest": {"products": ["cog", "zarr", "refs"]}, "export": {"path": "exports/items.parquet"}}})
+    res = jobs_run(manifest, dask_cluster, timeout=900)
+    out = no_traceback(res)
+    assert cli.returncode == res.returncode == 1, out  # the bad inputs are rejected by both
+    assert "dashboard http://" in out
+    assert f"scheduler {dask_cluster.address}" in out
+    cli_lake, job_lake = lake_state(tmp_path / "cli"), lake_state(tmp_path / "job")
+    assert len(cli_lake) >= 12
+    assert cli_lake == job_lake
+    assert sorted(p.name for p in (tmp_path / "cli" / "rejected").glob("*.json")) == \
+        sorted(p.name for p in (tmp_path / "job" / "rejected").glob("*.json"))
+    for sid in cli_lake:
+        a, b = (json.loads((tmp_path / lk / "scenes" / sid / "scene.json").read_text()) for lk in ("cli", "job"))
+        with rasterio.open(tmp_path / "cli" / "scenes" / sid / a["products"]["cog"]["path"]) as x, \
+                rasterio.open(tmp_path / "job" / "scenes" / sid / b["products"]["cog"]["path"]) as y:
+            np.testing.assert_array_equal(x.read(), y.read())
+    items = pq.read_table(tmp_path / "job" / "exports" / "items.parquet").column("id").to_pylist()
+    assert sorted(items) == sorted(job_lake)  # the export step: every scene's item
+    doc = status(manifest)
+    counts = doc["run"]["counts"]
+    assert counts["ingested"] == len(job_lake)
+    assert counts["rejected"] == len(list(
+        (tmp_path / "job" / "rejected").glob("*.json")))
+    assert counts["failed"] == 0
+    assert {w for e in doc["run"]["inputs"] if (w := e.get("worker"))} <= set(_worker_addresses(dask_cluster))
+
+    before = scene_mtimes(tmp_path / "job")
+    again = jobs_run(manifest, dask_cluster)
+    out = no_traceback(again)
+    assert again.returncode == 0, out
+    assert "0 scene(s) to ingest" in out
+    assert "cluster:" not in out
+    assert scene_mtimes(tmp_path / "job") == before
+    assert status(manifest)["run"]["counts"]["skipped"] == counts["ingested"] + counts["rejected"]
+
+
+def _worker_addresses(cluster: DaskCluster) -> list[str]:
+    from distributed import Client
+
+    with Client(cluster.address, timeout="10s", set_as_default=False) as c:
+        return list(c.scheduler_info()["workers"])
+
+
+def _ingested(out: str) -> list[str]:
+    return sorted(Path(line.split()[1]).name for line in out.splitlines() if line.startswith("ingested "))
+
+
+def test_a_changed_input_or_setting_redoes_exactly_that_scene(
+        manifest: Callable[..., Path], scenes: Path, tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    steps = {"ingest": {"products": ["cog", "zarr", "refs"], "chunk": 64}, "stack": {"dim": "time"}}
+    first = manifest(inputs=[str(scenes / "scene_4.tif"), str(scenes / "*.tif")], steps=steps)
+    res = jobs_run(first, dask_cluster)
+    assert res.returncode == 0, no_traceback(res)
+    assert _ingested(res.stdout) == [f"scene_{i}.tif" for i in range(6)]
+    cube = status(first)["run"]["steps"]["stack"]["result"]["cubes"]
+    assert len(cube) == 1
+    assert len(cube[0]["scenes"]) == 6
+    from cubelake.refs import open_dataset
+
+    ds = open_dataset(cube[0]["refs"], lake=str(tmp_path / "lake"))
+    assert ds["data"].shape[0] == 6
+
+    lake = tmp_path / "lake"
+    before = scene_mtimes(lake)
+    write_scene(scenes / "scene_2.tif", 99)  # new content
+    res = jobs_run(first, dask_cluster)
+    assert res.returncode == 0, no_traceback(res)
+    assert _ingested(res.stdout) == ["scene_2.tif"]
+    assert "5 done before (skipped)" in res.stdout
+    after = scene_mtimes(lake)
+    assert {k for k in after if after[k] != before[k]} == {"scene_2"}
+
+    changed = manifest(inputs=[{"path": str(scenes / "scene_4.tif"), "ingest": {"chunk": 32}},
+                               str(scenes / "*.tif")], steps=steps)
+    res = jobs_run(changed, dask_cluster)
+    assert res.returncode == 0, no_traceback(res)
+    assert _ingested(res.stdout) == ["scene_4.tif"]
+    later = scene_mtimes(lake)
+    assert {k for k in later if later[k] != after[k]} == {"scene_4"}
+    assert json.loads((lake / "scenes" / "scene_4" / "scene.json").read_text())["grid"]["chunk_shape"][1:] == [32, 32]
+    groups = status(changed)["run"]["steps"]["stack"]["result"]["cubes"]
+    assert sorted(len(c["scenes"]) for c in groups) == [5]  # scene_4 is on another chunk grid now
+
+
+def test_a_worker_killed_mid_job_every_scene_is_published_once(
+        manifest: Callable[..., Path], tmp_path: Path) -> None:
+    # the first worker kills itself (SIGKILL) when it is about to publish its first scene
+    cluster = start_cluster(tmp_path / "dask", [{"CUBELAKE_FAULT": "before-products"}, {}])
+    try:
+        path = manifest(steps={"ingest": {"products": ["cog", "zarr"], "chunk": 64}, "export": {}})
+        res = jobs_run(path, cluster)
+        out = no_traceback(res)
+        assert res.returncode == 0, out
+        assert cluster.workers[0].wait(timeout=60) == -signal.SIGKILL  # it did die mid-task
+        assert cluster.workers[1].poll() is None
+        lake = tmp_path / "lake"
+        assert sorted(lake_state(lake)) == [f"scene_{i}" for i in range(6)]  # each once, no "-<hash>" twins
+        for folder in (lake / "scenes").iterdir():
+            check_scene_complete(folder)
+        ids = pq.read_table(lake / "exports" / "catalog.parquet").column("id").to_pylist()
+        assert sorted(ids) == [f"scene_{i}" for i in range(6)]
+        entries = status(path)["ledger"]
+        assert len(entries) == 6
+        assert {e["state"] for e in entries} == {"done"}
+    finally:
+        stop_cluster(cluster)
+
+
+def test_client_killed_at_random_moments_then_a_rerun_completes(
+        manifest: Callable[..., Path], scenes: Path, tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    for i in range(6, 14):
+        write_scene(scenes / f"scene_{i}.tif", i, bands=48, size=192)
+    path = manifest(steps={"ingest": {"products": ["cog", "zarr", "refs"], "chunk": 64}, "export": {}})
+    rng = random.Random(int(os.environ.get("CUBELAKE_KILL_SEED", "14")))
+    cmd = [sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path), "--scheduler", dask_cluster.address]
+    killed = 0
+    for _ in range(10):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(1.5, 8.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=60)
+    assert killed >= 5  # most kills landed while the run was going on
+    res = jobs_run(path, dask_cluster)
+    out = no_traceback(res)
+    assert res.returncode == 0, out
+    dask_cluster.idle()  # tasks of killed clients run to their end on the workers
+    lake = tmp_path / "lake"
+    expected = sorted(f"scene_{i}" for i in range(14))
+    assert sorted(lake_state(lake)) == expected
+    for sid in expected:
+        check_scene_complete(lake / "scenes" / sid)
+    assert list((lake / ".staging").iterdir()) == []  # no partial build left
+    assert list((lake / ".trash").iterdir()) == []
+    ids = pq.read_table(lake / "exports" / "catalog.parquet").column("id").to_pylist()
+    assert sorted(ids) == expected
+    doc = status(path)
+    assert sorted(e["scene_id"] for e in doc["ledger"]) == expected
+    runs = run_cli("jobs", "list", "--lake", str(lake), "--format", "json", timeout=120)
+    job = json.loads(runs.stdout)["jobs"][0]
+    assert job["job"] == "nightly"
+    assert job["runs"] >= 4
+    runs_done = json.loads(run_cli("jobs", "status", str(path), "--format", "json", timeout=120).stdout)
+    assert runs_done["run"]["state"] == "succeeded"
+    from cubelake.jobs import Ledger
+    from cubelake.lake import Lake
+
+    cut = [r for r in Ledger(Lake(lake), "nightly").runs() if r["state"] == "running"]
+    assert len(cut) >= 3  # runs killed after they had started work (never finished)
+    again = jobs_run(path, dask_cluster)
+    assert again.returncode == 0, no_traceback(again)
+    assert "0 scene(s) to ingest" in again.stdout
+
+
+def test_two_runs_of_one_job_at_once_one_waits_out(
+        manifest: Callable[..., Path], tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    path = manifest()
+    first = subprocess.Popen([sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path), "--scheduler",
+                              dask_cluster.address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lease = tmp_path / "lake" / "jobs" / "nightly" / "lease.json"
+    deadline = time.monotonic() + 120
+    while not lease.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)  # hold it while it holds the lease
+    try:
+        second = jobs_run(path, dask_cluster)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out = no_traceback(second)
+    assert second.returncode == 3, out
+    assert "job nightly is already running" in out
+    assert f"(pid {first.pid})" in out
+    stdout, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, stdout
+    assert sorted(lake_state(tmp_path / "lake")) == [f"scene_{i}" for i in range(6)]

@@ -1,0 +1,111 @@
+"""The job's lease and ledger in the lake: conditional writes on a local folder and on S3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cubelake.jobs import JobBusyError, Ledger
+from cubelake.lake import AnyLake, Lake
+from cubelake.object_lake import ObjectLake
+from tests.conftest import S3Server
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_lake(request: pytest.FixtureRequest, tmp_path: Path) -> AnyLake:
+    if request.param == "local":
+        return Lake(tmp_path / "lake")
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket: str = request.getfixturevalue("s3_bucket")
+    return ObjectLake(f"s3://{bucket}/lake", options=server.options)
+
+
+def test_one_lease_at_a_time_names_the_holder(any_lake: AnyLake) -> None:
+    ledger = Ledger(any_lake, "nightly")
+    lease = ledger.acquire("run-a", ttl=60)
+    with pytest.raises(JobBusyError, match=r"job nightly is already running .* run run-a on .* \(pid \d+\)"):
+        Ledger(any_lake, "nightly").acquire("run-b", ttl=60)
+    assert Ledger(any_lake, "other-job").acquire("run-c", ttl=60)  # another job is not blocked
+    lease.release()
+    again = ledger.acquire("run-b", ttl=60)
+    assert ledger.lease_info()["run_id"] == "run-b"  # type: ignore[index]
+    again.release()
+
+
+def test_an_expired_lease_is_taken_over_and_its_holder_learns_it(any_lake: AnyLake) -> None:
+    ledger = Ledger(any_lake, "nightly")
+    old = ledger.acquire("run-a", ttl=0.5)
+    time.sleep(0.8)
+    new = Ledger(any_lake, "nightly").acquire("run-b", ttl=60)
+    assert not old.renew()
+    assert old.lost
+    old.release()  # does not release the new holder's lease
+    assert ledger.lease_info()["run_id"] == "run-b"  # type: ignore[index]
+    assert new.renew()
+    new.release()
+
+
+def test_a_kept_lease_stays_while_its_holder_lives(any_lake: AnyLake) -> None:
+    ledger = Ledger(any_lake, "nightly")
+    lease = ledger.acquire("run-a", ttl=0.9).keep()
+    time.sleep(2.0)  # past two lifetimes: only renewals keep it
+    with pytest.raises(JobBusyError):
+        Ledger(any_lake, "nightly").acquire("run-b", ttl=60)
+    lease.release()
+
+
+def test_of_many_runs_started_at_once_exactly_one_gets_the_lease(any_lake: AnyLake) -> None:
+    def attempt(i: int) -> bool:
+        try:
+            Ledger(any_lake, "race").acquire(f"run-{i}", ttl=60)
+            return True
+        except JobBusyError:
+            return False
+
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(attempt, range(16)))
+    assert sum(won) == 1
+
+
+def test_a_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    lake = Lake(tmp_path / "lake")
+    code = ("import sys; from cubelake.lake import Lake; from cubelake.jobs import Ledger; "
+            "Ledger(Lake(sys.argv[1]), 'nightly').acquire('run-dead', ttl=3600)")
+    subprocess.run([sys.executable, "-c", code, str(lake.root)], check=True, timeout=120)
+    info = Ledger(lake, "nightly").lease_info()
+    assert info is not None
+    assert info["run_id"] == "run-dead"
+    assert info["expires"] > time.time() + 3000
+    lease = Ledger(lake, "nightly").acquire("run-next", ttl=60)  # no waiting for the hour
+    assert Ledger(lake, "nightly").lease_info()["run_id"] == "run-next"  # type: ignore[index]
+    lease.release()
+
+
+def test_entries_runs_and_steps_round_trip(any_lake: AnyLake) -> None:
+    ledger = Ledger(any_lake, "nightly")
+    ledger.put_entry("k1", {"input": "/a.tif", "state": "done"})
+    ledger.put_entry("k2", {"input": "/b.tif", "state": "failed"})
+    ledger.put_run({"run_id": "20260101T000000-aaaaaa", "state": "succeeded", "started": "2026-01-01T00:00:00+00:00"})
+    ledger.put_run({"run_id": "20260102T000000-bbbbbb", "state": "failed", "started": "2026-01-02T00:00:00+00:00"})
+    ledger.put_step("export", {"state": "done"})
+    assert {k: e["state"] for k, e in ledger.entries().items()} == {"k1": "done", "k2": "failed"}
+    assert [r["run_id"] for r in ledger.runs()] == ["20260101T000000-aaaaaa", "20260102T000000-bbbbbb"]
+    assert ledger.last_success()["run_id"] == "20260101T000000-aaaaaa"  # type: ignore[index]
+    assert ledger.step("export") == {"state": "done", "step": "export"}
+    key = "jobs/nightly/inputs/k1.json"
+    assert json.loads(any_lake.store.get_text(key))["input"] == "/a.tif"  # where the layout says
+
+
+def test_a_damaged_ledger_object_is_taken_as_absent(tmp_path: Path) -> None:
+    lake = Lake(tmp_path / "lake")
+    ledger = Ledger(lake, "nightly")
+    ledger.put_entry("k1", {"input": "/a.tif", "state": "done"})
+    (lake.root / "jobs" / "nightly" / "inputs" / "k1.json").write_text("{not json")
+    assert ledger.entry("k1") is None
+    assert ledger.entries() == {}
