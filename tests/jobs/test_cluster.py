@@ -172,11 +172,13 @@ def test_client_killed_at_random_moments_then_a_rerun_completes(
         write_scene(scenes / f"scene_{i}.tif", i, bands=48, size=192)
     path = manifest(steps={"ingest": {"products": ["cog", "zarr", "refs"], "chunk": 64}, "export": {}})
     rng = random.Random(int(os.environ.get("CUBELAKE_KILL_SEED", "14")))
-    cmd = [sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path), "--scheduler", dask_cluster.address]
+    # --force: every killed run has all scenes to (re)build, so kills land while scenes are being replaced too
+    cmd = [sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path), "--scheduler", dask_cluster.address,
+           "--force"]
     killed = 0
     for _ in range(10):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.5, 8.0))
+        time.sleep(rng.uniform(1.0, 5.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
