@@ -18,12 +18,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed
-	@echo "== cubelake demo: ingesting the real scenes of $(DATA) into ./$(LAKE)"
-	@$(BIN)/cubelake ingest --lake $(LAKE) --products cog,zarr,refs \
-	    $(DATA)/hsi_enmap_potsdam $(DATA)/hsi_aviris_ng_isofit $(DATA)/hsi_abu_anomaly \
-	    $(DATA)/hsi_jasper_ridge $(DATA)/hsi_samson $(DATA)/hsi_houston2018_crop \
-	    $(DATA)/hsi_indian_pines_purdue $(DATA)/landsat5_tm_rstoolbox $(DATA)/landsat8_rio_toa \
-	    $(DATA)/bad_inputs $(DATA)/other_formats; \
+	@echo "== cubelake demo: the job manifests/demo.yaml ingests the real scenes of $(DATA) into ./$(LAKE)"
+	@CUBELAKE_DATA=$(abspath $(DATA)) CUBELAKE_LAKE=$(abspath $(LAKE)) $(BIN)/cubelake jobs run manifests/demo.yaml; \
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi; \
 	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
 	@$(BIN)/cubelake lake --lake $(LAKE)

@@ -145,6 +145,11 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "lake --lake s3://my-bucket/lake": lambda out: _check(out.startswith("lake s3://my-bucket/lake: 5 scene(s)"), out),
     "catalog export --lake s3://my-bucket/lake": lambda out: _check(out.startswith("5 item(s) -> s3://my-bucket/"), out),
     "offline --bbox": lambda out: _check("copied enmap_potsdam_tile_96_0" in out, out),
+    "jobs status manifests/nightly.yaml": lambda out: _check("succeeded" in out and "skipped   enmap_potsdam_tile_96_0"
+                                                             in out, out),
+    "jobs list --lake lake --format json": lambda out: _check(
+        {j["job"] for j in json.loads(out)["jobs"]} == {"demo", "nightly-potsdam"}, out),
+    "jobs run --due manifests/": lambda out: _check("not due manifests/nightly.yaml" in out, out),
 }
 #: what a Python block must print, keyed by a unique part of its code
 PY_OUTPUT: dict[str, list[str]] = {
@@ -204,6 +209,19 @@ def load_profile_block(block: Block, where: Path) -> None:
     assert prof.encoding.dtype == "int16"
 
 
+def manifest_block(block: Block, repo: Path) -> None:
+    """The manifest example, saved where the README says; the shell block after it runs it."""
+    from cubelake.jobs import load_manifest
+
+    path = repo / "manifests" / "nightly.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(block.text)
+    m = load_manifest(path)
+    assert m.name == "nightly-potsdam"
+    assert m.lake == str(repo / "lake")
+    assert m.settings_for(m.inputs[0]).products == ("cog",)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.FixtureRequest) -> None:
     if block.section in S3_SECTIONS:
@@ -233,6 +251,8 @@ def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.
         for key, lines in PY_OUTPUT.items():
             if key in block.text:
                 assert res.stdout.splitlines() == lines
+    elif block.lang == "yaml" and block.section.startswith("Scheduled jobs"):
+        manifest_block(block, repo)
     elif block.lang == "yaml":
         load_profile_block(block, repo.parent)
     else:
