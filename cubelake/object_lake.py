@@ -40,12 +40,12 @@ from .lake import LAKE_VERSION, pid_alive, safe_scene_id
 from .record import SCENE_RECORD_FILE, SceneRecord
 from .storage import (
     CommitConflict,
-    NotTextError,
     ObjectNotFound,
     S3Options,
     StorageError,
     Store,
     open_store,
+    read_json_info,
 )
 
 __all__ = ["VERSION_KEY", "ObjectLake", "new_version"]
@@ -172,19 +172,7 @@ class ObjectLake:
 
     def read_json_info(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
         """:meth:`read_json` and the ETag it was read at (``None`` only when the object is missing)."""
-        try:
-            text, info = self.store.get_text_info(key, _MAX_JSON)
-        except ObjectNotFound:
-            return None, None
-        except NotTextError as exc:
-            log.warning("%s", exc)
-            return None, exc.info.etag
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            log.warning("%s: unreadable JSON (%s)", self.store.url_of(key), exc)
-            return None, info.etag
-        return (data if isinstance(data, dict) else None), info.etag
+        return read_json_info(self.store, key, _MAX_JSON)
 
     def committed(self, scene_id: str) -> tuple[dict[str, Any] | None, str | None]:
         """The scene's commit object (its item) and that object's ETag; ``(None, None)`` if unpublished."""

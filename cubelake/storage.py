@@ -20,6 +20,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime as dt
+import json
+import logging
 import math
 import os
 import posixpath
@@ -52,9 +54,12 @@ __all__ = [
     "object_at",
     "open_store",
     "parent_url",
+    "read_json_info",
     "split_url",
     "url_of_gdal_path",
 ]
+
+log = logging.getLogger(__name__)
 
 _MULTIPART_CHUNK = 8 * 1024 * 1024  # a put of a file streams in parts of this size (bounded memory)
 _REMOTE = ("s3", "gs", "gcs", "az", "azure", "abfs", "memory", "http", "https")
@@ -913,6 +918,24 @@ class _BinaryReader:
 
     def close(self) -> None:
         self._r.close()
+
+
+def read_json_info(store: Store, key: str, max_bytes: int) -> tuple[dict[str, Any] | None, str | None]:
+    """A small JSON object and the ETag it was read at: ``(None, None)`` when missing; a damaged or
+    non-object one is logged and read as ``None`` (with its ETag, so a conditional write can replace it)."""
+    try:
+        text, info = store.get_text_info(key, max_bytes)
+    except ObjectNotFound:
+        return None, None
+    except NotTextError as exc:
+        log.warning("%s", exc)
+        return None, exc.info.etag
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        log.warning("%s: unreadable JSON (%s)", store.url_of(key), exc)
+        return None, info.etag
+    return (data if isinstance(data, dict) else None), info.etag
 
 
 def open_store(url: str | os.PathLike[str], options: S3Options | Mapping[str, Any] | None = None) -> Store:

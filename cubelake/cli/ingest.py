@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from enum import StrEnum
 from pathlib import Path
 
@@ -48,16 +47,13 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-
-
 def _parse_size(text: str) -> int:
-    m = _SIZE.match(text)
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not a size; use bytes or a unit, e.g. 64GiB, 500MB")
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    factor = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[unit]
-    return int(float(m.group(1)) * factor)
+    from cubelake.jobs.spec import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _limits(max_bytes: str | None, max_dimension: int | None, max_bands: int | None) -> Limits:

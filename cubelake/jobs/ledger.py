@@ -33,7 +33,7 @@ from typing import Any
 
 from cubelake.errors import CubelakeError
 from cubelake.lake import AnyLake, job_key, pid_alive
-from cubelake.storage import CommitConflict, NotTextError, ObjectNotFound, StorageError, Store
+from cubelake.storage import CommitConflict, StorageError, Store, read_json_info
 
 __all__ = ["JobBusyError", "Lease", "Ledger", "input_key", "new_run_id"]
 
@@ -72,19 +72,7 @@ class Ledger:
         return job_key(self.job, *parts)
 
     def _read(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            text, info = self.store.get_text_info(key, _MAX_JSON)
-        except ObjectNotFound:
-            return None, None
-        except NotTextError as exc:
-            log.warning("%s", exc)
-            return None, exc.info.etag
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            log.warning("%s: unreadable ledger object (%s); treated as absent", self.store.url_of(key), exc)
-            return None, info.etag
-        return (data if isinstance(data, dict) else None), info.etag
+        return read_json_info(self.store, key, _MAX_JSON)
 
     def _write(self, key: str, data: dict[str, Any], **cond: Any) -> str | None:
         return self.store.put(key, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), **cond).etag
