@@ -236,3 +236,29 @@ def test_two_runs_of_one_job_at_once_one_waits_out(
     stdout, _ = first.communicate(timeout=300)
     assert first.returncode == 0, stdout
     assert sorted(lake_state(tmp_path / "lake")) == [f"scene_{i}" for i in range(6)]
+
+
+@pytest.mark.s3
+def test_a_job_into_an_s3_lake_keeps_its_ledger_there(
+        manifest: Callable[..., Path], tmp_path: Path, s3_server: Any, s3_bucket: str) -> None:
+    aws = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    cluster = start_cluster(tmp_path / "dask", [aws, aws])
+    try:
+        url = f"s3://{s3_bucket}/lake"
+        path = manifest(lake=url, steps={"ingest": {"products": ["cog", "zarr"], "chunk": 64}, "export": {}})
+        res = run_cli("jobs", "run", str(path), "--scheduler", cluster.address, env=aws, timeout=600)
+        out = no_traceback(res)
+        assert res.returncode == 0, out
+        assert "6 ingested" in out
+        keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket, Prefix="lake/jobs/nightly/")
+                .get("Contents", [])}
+        assert "lake/jobs/nightly/lease.json" in keys
+        assert sum(k.startswith("lake/jobs/nightly/inputs/") for k in keys) == 6
+        listing = run_cli("lake", "--lake", url, env=aws, timeout=120)
+        assert listing.stdout.startswith(f"lake {url}: 6 scene(s)"), no_traceback(listing)
+        again = run_cli("jobs", "run", str(path), "--scheduler", cluster.address, env=aws, timeout=600)
+        assert again.returncode == 0, no_traceback(again)
+        assert "0 scene(s) to ingest, 6 done before (skipped)" in again.stdout
+    finally:
+        stop_cluster(cluster)
