@@ -110,7 +110,7 @@ def _step_summary(d: dict[str, Any]) -> str:
 
 def _run_one(path: Path, scheduler: str | None, force: bool, fmt: OutputFormat) -> tuple[int, dict[str, Any]]:
     """Run one manifest; (exit code, what to report)."""
-    from cubelake.jobs import JobBusyError, SchedulerError, load_manifest, run_job
+    from cubelake.jobs import JobBusyError, load_manifest, run_job
 
     try:
         manifest = load_manifest(path)
@@ -123,10 +123,8 @@ def _run_one(path: Path, scheduler: str | None, force: bool, fmt: OutputFormat) 
             record = run_job(manifest, scheduler=scheduler, force=force, emit=on_event)
     except JobBusyError as exc:
         return BUSY, {"manifest": str(path), "job": manifest.name, "error": str(exc)}
-    except (ConfigError, SchedulerError) as exc:
-        return 2, {"manifest": str(path), "job": manifest.name, "error": str(exc)}
-    except CubelakeError as exc:
-        return 2, {"manifest": str(path), "job": manifest.name, "error": str(exc)}
+    except (CubelakeError, OSError, TimeoutError) as exc:  # the lake, the scheduler, the manifest: nothing ran
+        return 2, {"manifest": str(path), "job": manifest.name, "error": str(exc) or type(exc).__name__}
     c = record["counts"]
     if fmt is OutputFormat.text:
         out_console().print(
@@ -162,7 +160,12 @@ def run_cmd(
     if due is not None:
         todo, reports, codes = _due_manifests(due, fmt)
     for path in todo:
-        code, report = _run_one(path, scheduler, force, fmt)
+        try:
+            code, report = _run_one(path, scheduler, force, fmt)
+        except KeyboardInterrupt:
+            err_console().print(f"interrupted: job {show(path)} stopped; finished scenes are published and recorded, "
+                                "nothing partial was published; run it again to finish")
+            raise typer.Exit(130) from None
         codes.append(code)
         reports.append(report)
         if "error" in report and fmt is OutputFormat.text:

@@ -262,3 +262,32 @@ def test_a_job_into_an_s3_lake_keeps_its_ledger_there(
         assert "0 scene(s) to ingest, 6 done before (skipped)" in again.stdout
     finally:
         stop_cluster(cluster)
+
+
+def test_ctrl_c_stops_a_run_cleanly_and_a_rerun_finishes(
+        manifest: Callable[..., Path], scenes: Path, tmp_path: Path) -> None:
+    for i in range(6, 12):
+        write_scene(scenes / f"scene_{i}.tif", i, bands=48, size=192)
+    path = manifest()  # no --scheduler: a LocalCluster of the manifest's 2 workers
+    log = tmp_path / "run.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path)], stdout=f,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "ingested " not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    out = log.read_text()
+    assert "Traceback" not in out, out
+    assert "interrupted: job" in out
+    assert "run it again to finish" in out
+    from cubelake.jobs import Ledger
+    from cubelake.lake import Lake
+
+    ledger = Ledger(Lake(tmp_path / "lake"), "nightly")
+    assert ledger.runs()[-1]["state"] == "interrupted"
+    assert ledger.lease_info()["released"]  # type: ignore[index]
+    res = run_cli("jobs", "run", str(path), timeout=600)
+    assert res.returncode == 0, no_traceback(res)
+    assert sorted(lake_state(tmp_path / "lake")) == sorted(f"scene_{i}" for i in range(12))

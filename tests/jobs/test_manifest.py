@@ -15,6 +15,8 @@ from cubelake.jobs.inputs import plan_inputs
 from cubelake.lake import Lake
 from tests.conftest import REAL, ROOT, no_traceback, run_cli
 
+from .conftest import write_manifest
+
 
 def test_the_demo_manifest_loads_with_its_defaults_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUBELAKE_DATA", str(REAL))
@@ -199,3 +201,57 @@ def test_due_follows_the_cron_schedule_since_the_last_success(manifest: Callable
     assert "fired at 2026-12-01T02:00" in why
     no_schedule = load_manifest(manifest("b.yaml"))
     assert not is_due(no_schedule, ledger)[0]
+
+
+def test_newer_than_last_success_takes_only_files_changed_since(manifest: Callable[..., Path], scenes: Path) -> None:
+    import os
+
+    m = load_manifest(manifest(filters={"newer_than_last_success": True}))
+    old = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    for p in scenes.glob("*.tif"):
+        os.utime(p, (old, old))
+    os.utime(scenes / "scene_3.tif")  # modified now
+    plan = plan_inputs(m, {}, since=datetime(2026, 6, 1, tzinfo=UTC))
+    assert [Path(p.name).name for p in plan.todo] == ["scene_3.tif"]
+    assert all("not modified since the last successful run" in why for _, why in plan.filtered)
+    assert len(plan_inputs(m, {}, since=None).todo) == 6  # never succeeded: everything
+
+
+def test_a_static_stac_catalog_is_followed_within_its_folder(manifest: Callable[..., Path], scenes: Path) -> None:
+    sub = scenes / "items"
+    sub.mkdir()
+    for i in (0, 5):
+        (sub / f"s{i}.json").write_text(json.dumps({
+            "type": "Feature", "stac_version": "1.1.0", "id": f"s{i}", "geometry": None, "properties": {},
+            "links": [], "assets": {"cube": {"href": f"../scene_{i}.tif", "type": "image/tiff; application=geotiff"}}}))
+    (scenes / "catalog.json").write_text(json.dumps({
+        "type": "Catalog", "stac_version": "1.1.0", "id": "c", "description": "d",
+        "links": [{"rel": "item", "href": "items/s0.json"}, {"rel": "item", "href": "./items/s5.json"},
+                  {"rel": "self", "href": "catalog.json"}]}))
+    m = load_manifest(manifest(inputs=[{"stac": str(scenes / "catalog.json")}]))
+    assert sorted(Path(p.name).name for p in plan_inputs(m, {}).todo) == ["scene_0.tif", "scene_5.tif"]
+
+
+def test_jobs_run_due_runs_what_is_due_and_reports_a_bad_manifest(manifest: Callable[..., Path], scenes: Path,
+                                                                   tmp_path: Path) -> None:
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    due = manifest("manifests/a-due.yaml", name="due-job", schedule="0 2 * * *", inputs=[str(scenes / "scene_0.tif")],
+                   steps={"ingest": {"products": ["cog"]}}, resources={"workers": 1, "memory_per_task": "2GiB"})
+    manifest("manifests/b-unscheduled.yaml", name="by-hand", inputs=[str(scenes / "scene_1.tif")])
+    write_manifest(folder / "c-bad.yaml", {"version": 1, "name": "bad", "lake": str(tmp_path / "lake"),
+                                           "inputs": [str(scenes)], "shedule": "0 2 * * *"})
+    res = run_cli("jobs", "run", "--due", str(folder), timeout=600)
+    out = no_traceback(res)
+    assert res.returncode == 2, out  # the bad manifest; the others were still looked at and run
+    assert f"{folder / 'c-bad.yaml'}: invalid manifest: shedule: unknown field" in out
+    assert f"due     {due}: never succeeded" in out
+    assert f"not due {folder / 'b-unscheduled.yaml'}: no schedule" in out
+    assert "job due-job run" in out
+    assert "1 ingested" in out
+    assert (tmp_path / "lake" / "scenes" / "scene_0" / "scene.json").is_file()
+    assert not (tmp_path / "lake" / "scenes" / "scene_1").exists()
+    again = run_cli("jobs", "run", "--due", str(folder), "--format", "json", timeout=600)
+    runs = json.loads(again.stdout)["runs"]
+    assert {r.get("job"): r.get("due") for r in runs if "job" in r} == {"due-job": False, "by-hand": False}
+    assert any("c-bad.yaml" in r.get("error", "") for r in runs)
