@@ -291,3 +291,38 @@ def test_ctrl_c_stops_a_run_cleanly_and_a_rerun_finishes(
     res = run_cli("jobs", "run", str(path), timeout=600)
     assert res.returncode == 0, no_traceback(res)
     assert sorted(lake_state(tmp_path / "lake")) == sorted(f"scene_{i}" for i in range(12))
+
+
+def test_a_worker_killed_from_outside_while_it_runs_a_scene(
+        manifest: Callable[..., Path], scenes: Path, tmp_path: Path) -> None:
+    from distributed import Client
+
+    for i in range(6, 12):
+        write_scene(scenes / f"scene_{i}.tif", i, bands=48, size=192)
+    cluster = start_cluster(tmp_path / "dask", [{}, {}, {}])
+    try:
+        path = manifest(steps={"ingest": {"products": ["cog", "zarr"], "chunk": 64}})
+        proc = subprocess.Popen([sys.executable, "-m", "cubelake.cli", "jobs", "run", str(path), "--scheduler",
+                                 cluster.address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        victim = None
+        with Client(cluster.address, timeout="10s", set_as_default=False) as c:
+            deadline = time.monotonic() + 120
+            while victim is None and time.monotonic() < deadline:
+                busy = [a for a, keys in c.processing().items() if any(str(k).startswith("ingest-") for k in keys)]
+                if busy:
+                    name = str(c.scheduler_info()["workers"][busy[0]]["name"])  # "w<i>": the i-th process
+                    victim = cluster.workers[int(name[1:])].pid
+                time.sleep(0.02)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)  # in the middle of a scene
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out
+        lake = tmp_path / "lake"
+        expected = sorted(f"scene_{i}" for i in range(12))
+        assert sorted(lake_state(lake)) == expected
+        for sid in expected:
+            check_scene_complete(lake / "scenes" / sid)
+        assert sum(w.poll() is not None for w in cluster.workers) == 1
+    finally:
+        stop_cluster(cluster)
