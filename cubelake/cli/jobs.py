@@ -140,7 +140,7 @@ def run_cmd(
     due: Path | None = typer.Option(None, "--due", help="Run every manifest in this folder whose cron schedule "
                                                          "fired since its last successful run (for one cron line)."),
     scheduler: str | None = SCHEDULER,
-    force: bool = typer.Option(False, "--force", help="Redo every input, even those the ledger says are done."),
+    force: bool = typer.Option(False, "--force", help="Rebuild every input, even those the ledger and the lake say are done."),
     fmt: OutputFormat = FORMAT,
     verbose: int = VERBOSE,
     quiet: bool = QUIET,

@@ -47,6 +47,7 @@ class PlannedInput:
     settings: IngestStep
     settings_hash: str
     files: list[dict[str, Any]] = field(default_factory=list)
+    force: bool = False  # rebuild even when the ingest finds the scene unchanged (``jobs run --force``)
 
     @property
     def name(self) -> str:
@@ -279,7 +280,7 @@ def plan_inputs(manifest: Manifest, entries: dict[str, dict[str, Any]], *, skip:
             if why:
                 plan.filtered.append((scene.name, why))
                 continue
-            planned = PlannedInput(input_key(scene.name), scene, settings, digest, files)
+            planned = PlannedInput(input_key(scene.name), scene, settings, digest, files, force)
             entry = entries.get(planned.key)
             if not force and entry is not None and _settled(entry, digest):
                 plan.skipped.append((planned, f"unchanged since run {entry.get('run_id')} ({entry.get('state')})"))

@@ -8,6 +8,7 @@ whose build *failed* (I/O, not the input's fault) raises :class:`TaskFailed`, so
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -56,7 +57,10 @@ def ingest_task(lake_url: str, planned: Any, threads: int) -> dict[str, Any]:
     from cubelake.ingest import Outcome, ingest_one
 
     lake = open_lake(lake_url, create=False)
-    result = ingest_one(planned.scene, lake, ingest_options(planned.settings, threads))
+    options = ingest_options(planned.settings, threads)
+    if planned.force:
+        options = dataclasses.replace(options, force=True)
+    result = ingest_one(planned.scene, lake, options)
     if result.outcome is Outcome.FAILED:
         raise TaskFailed(result.message)
     files = list(planned.files)

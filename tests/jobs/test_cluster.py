@@ -141,6 +141,11 @@ def test_a_changed_input_or_setting_redoes_exactly_that_scene(
     groups = status(changed)["run"]["steps"]["stack"]["result"]["cubes"]
     assert sorted(len(c["scenes"]) for c in groups) == [5]  # scene_4 is on another chunk grid now
 
+    forced = jobs_run(changed, dask_cluster, "--force")
+    assert forced.returncode == 0, no_traceback(forced)
+    assert _ingested(forced.stdout) == [f"scene_{i}.tif" for i in range(6)]  # rebuilt, not just re-checked
+    assert all(v != later[k] for k, v in scene_mtimes(lake).items())
+
 
 def test_a_worker_killed_mid_job_every_scene_is_published_once(
         manifest: Callable[..., Path], tmp_path: Path) -> None:
