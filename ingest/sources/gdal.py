@@ -7,6 +7,7 @@ separate handles decode in parallel (GDAL releases the GIL in reads).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -72,6 +73,7 @@ class GdalSource:
         self._local = threading.local()
         self._all: list[rasterio.io.DatasetReader] = []
         self._lock = threading.Lock()
+        self._remote = any(str(p).startswith("/vsis3/") for p in self._paths)
 
     @property
     def meta(self) -> SceneMetadata:
@@ -84,7 +86,7 @@ class GdalSource:
     def _handles(self) -> list[rasterio.io.DatasetReader]:
         handles = getattr(self._local, "handles", None)
         if handles is None:
-            with rasterio.Env(**GDAL_READ_OPTIONS, **self._config):
+            with self._s3_env(), rasterio.Env(**GDAL_READ_OPTIONS, **self._config):
                 handles = [_open(p) for p in self._paths]
             self._local.handles = handles
             with self._lock:
@@ -100,7 +102,7 @@ class GdalSource:
         for k, (fi, bn) in enumerate(self._band_map):
             by_file.setdefault(fi, []).append((k, bn))
         try:
-            with rasterio.Env(**GDAL_READ_OPTIONS):
+            with self._s3_env(), rasterio.Env(**GDAL_READ_OPTIONS):
                 for fi, pairs in by_file.items():
                     ks = [k for k, _ in pairs]
                     data = handles[fi].read(indexes=[bn for _, bn in pairs], window=win)
@@ -108,6 +110,16 @@ class GdalSource:
         except (RasterioError, CPLE_BaseError, OSError, ValueError) as exc:  # GDAL's words for a damaged block
             raise SceneReadError(f"{self._meta.path}: {gdal_error_text(exc)}") from exc
         return out
+
+    def _s3_env(self) -> Any:
+        """GDAL's S3 settings for an object-store source, in this thread. rasterio keeps GDAL options per thread
+        outside the main one, so an ingest run from a thread (a Dask worker, an application's pool) must set
+        them in each reading thread, not only around the open (found by the jobs' S3 test)."""
+        if not self._remote:
+            return contextlib.nullcontext()
+        from cubelake.storage import S3Options
+
+        return S3Options().gdal_env()
 
     def blocks(self, window: Window) -> list[Window]:
         grid = block_grid(self._meta)

@@ -251,20 +251,28 @@ def test_a_job_into_an_s3_lake_keeps_its_ledger_there(
     cluster = start_cluster(tmp_path / "dask", [aws, aws])
     try:
         url = f"s3://{s3_bucket}/lake"
-        path = manifest(lake=url, steps={"ingest": {"products": ["cog", "zarr"], "chunk": 64}, "export": {}})
+        s3 = s3_server.client()
+        for i in (6, 7):  # two more scenes arrive in the bucket: an s3:// prefix input
+            s3.upload_file(str(write_scene(tmp_path / f"up_{i}.tif", i)), s3_bucket, f"incoming/up_{i}.tif")
+        path = manifest(lake=url, inputs=[str(tmp_path / "in" / "*.tif"), f"s3://{s3_bucket}/incoming/"],
+                        steps={"ingest": {"products": ["cog", "zarr"], "chunk": 64}, "export": {}})
         res = run_cli("jobs", "run", str(path), "--scheduler", cluster.address, env=aws, timeout=600)
         out = no_traceback(res)
         assert res.returncode == 0, out
-        assert "6 ingested" in out
+        assert "8 ingested" in out
         keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket, Prefix="lake/jobs/nightly/")
                 .get("Contents", [])}
         assert "lake/jobs/nightly/lease.json" in keys
-        assert sum(k.startswith("lake/jobs/nightly/inputs/") for k in keys) == 6
+        assert sum(k.startswith("lake/jobs/nightly/inputs/") for k in keys) == 8
         listing = run_cli("lake", "--lake", url, env=aws, timeout=120)
-        assert listing.stdout.startswith(f"lake {url}: 6 scene(s)"), no_traceback(listing)
+        assert listing.stdout.startswith(f"lake {url}: 8 scene(s)"), no_traceback(listing)
         again = run_cli("jobs", "run", str(path), "--scheduler", cluster.address, env=aws, timeout=600)
         assert again.returncode == 0, no_traceback(again)
-        assert "0 scene(s) to ingest, 6 done before (skipped)" in again.stdout
+        assert "0 scene(s) to ingest, 8 done before (skipped)" in again.stdout
+        s3.upload_file(str(write_scene(tmp_path / "up_7.tif", 77)), s3_bucket, "incoming/up_7.tif")  # new ETag
+        third = run_cli("jobs", "run", str(path), "--scheduler", cluster.address, env=aws, timeout=600)
+        assert third.returncode == 0, no_traceback(third)
+        assert _ingested(third.stdout) == ["up_7.tif"]
     finally:
         stop_cluster(cluster)
 
