@@ -93,7 +93,7 @@ def test_no_source_file_of_the_core_refs_or_loaders_imports_the_ingest(folder: s
     bad = []
     for path in sorted((ROOT / folder).rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("cubelake/cli/"):
-            continue  # the command line sits above everything
+        if rel.startswith(("cubelake/cli/", "cubelake/jobs/")):
+            continue  # the command line and the job runner (which schedules ingests) sit above everything
         bad += [f"{rel}:{line} ({func})" for func, line in _ingest_imports(path) if (rel, func) not in _ALLOWED]
     assert bad == []

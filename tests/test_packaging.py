@@ -18,6 +18,7 @@ PACKAGE_DIRS = ("cubelake", "ingest", "catalog", "loaders")
 IMPLICIT = {
     "imagecodecs",  # the TIFF/zstd codecs numcodecs and cubelake_tiff load by entry point
     "pyproj",  # rasterio/shapely CRS handling; also imported lazily
+    "bokeh",  # the Dask dashboard a job prints the address of (distributed serves it when bokeh is installed)
 }
 
 
