@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from ._render import (
     quiet_dask,
     show,
 )
+from .ingest import OutputFormat
 
 __all__ = ["jobs_app"]
 
@@ -37,11 +37,6 @@ jobs_app = typer.Typer(help="Scheduled preprocessing jobs: run manifests on Dask
                        no_args_is_help=True)
 
 BUSY = 3
-
-
-class OutputFormat(StrEnum):
-    text = "text"
-    json = "json"
 
 
 SCHEDULER = typer.Option(None, "--scheduler", envvar="DASK_SCHEDULER_ADDRESS",

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -73,7 +73,8 @@ def scene_files(scene: SceneInput) -> list[dict[str, Any]]:
     if scene.url is not None:
         store, key = object_at(scene.url)
         info = store.head(key)
-        return [{"path": scene.url, "size": info.size, "etag": info.etag}]
+        mtime = info.mtime.isoformat() if info.mtime else None
+        return [{"path": scene.url, "size": info.size, "etag": info.etag, "mtime": mtime}]
     out: list[dict[str, Any]] = []
     for p in dict.fromkeys(x for x in (scene.path, scene.data, scene.labels) if x is not None):
         try:
@@ -215,7 +216,8 @@ def _scenes(manifest: Manifest, spec: InputSpec, skip: tuple[str, ...], plan: Pl
 
 
 def _size(scene: SceneInput, files: list[dict[str, Any]]) -> int | None:
-    sizes = [f.get("size") for f in files if f.get("path") != str(scene.labels)]
+    labels = str(Path(scene.labels).resolve()) if scene.labels is not None else None
+    sizes = [f.get("size") for f in files if f.get("path") != labels]
     return sum(s for s in sizes if isinstance(s, int)) if sizes else None
 
 
@@ -232,20 +234,18 @@ def _filtered(manifest: Manifest, scene: SceneInput, files: list[dict[str, Any]]
     if size is not None and f.max_size is not None and size > f.max_size:
         return f"{size} bytes, over max_size {f.max_size}"
     if since is not None and f.newer_than_last_success:
-        mtime = _mtime(scene, files)
+        mtime = _mtime(files)
         if mtime is not None and mtime <= since:
             return f"not modified since the last successful run ({since.isoformat(timespec='seconds')})"
     return None
 
 
-def _mtime(scene: SceneInput, files: list[dict[str, Any]]) -> datetime | None:
-    from datetime import UTC
+def _mtime(files: list[dict[str, Any]]) -> datetime | None:
+    """When the scene's files last changed, from what :func:`scene_files` recorded (no second look)."""
+    stamps = [datetime.fromtimestamp(f["mtime_ns"] / 1e9, UTC) for f in files if isinstance(f.get("mtime_ns"), int)]
+    stamps += [datetime.fromisoformat(f["mtime"]) for f in files if isinstance(f.get("mtime"), str)]
+    return max(stamps) if stamps else None
 
-    if scene.url is not None:
-        store, key = object_at(scene.url)
-        return store.head(key).mtime
-    stamps = [f["mtime_ns"] for f in files if isinstance(f.get("mtime_ns"), int)]
-    return datetime.fromtimestamp(max(stamps) / 1e9, UTC) if stamps else None
 
 
 def plan_inputs(manifest: Manifest, entries: dict[str, dict[str, Any]], *, skip: tuple[str, ...] = (),

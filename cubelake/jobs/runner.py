@@ -130,6 +130,7 @@ class _Run:
     lease: Lease
     record: dict[str, Any]
     emit: Emit
+    entries: dict[str, dict[str, Any]]  # the ledger's input entries, read once; this run's outcomes update it
 
     def ingest(self, client: Any, plan: Plan) -> list[dict[str, Any]]:
         """One task per scene; outcomes go to the ledger as they arrive.
@@ -153,6 +154,7 @@ class _Run:
             p, base = pending.pop(fut.key)
             entry = _outcome(p, self.record["run_id"], fut)
             self.ledger.put_entry(p.key, entry)
+            self.entries[p.key] = {**entry, "key": p.key}
             done.append({"key": p.key, **entry})
             self.emit(JobEvent("input", {"key": p.key, **entry}))
             if self.lease.lost:
@@ -172,7 +174,7 @@ class _Run:
         return fut
 
     def scene_ids(self) -> list[str]:
-        return sorted({str(e["scene_id"]) for e in self.ledger.entries().values()
+        return sorted({str(e["scene_id"]) for e in self.entries.values()
                        if e.get("state") == "done" and e.get("scene_id")})
 
     def pending_steps(self, changed: bool) -> list[tuple[str, Callable[..., Any], tuple[Any, ...], Any]]:
@@ -258,7 +260,7 @@ def run_job(manifest: Manifest, *, scheduler: str | None = None, force: bool = F
         _record_plan(record, plan, entries)
         emit(JobEvent("planned", {"todo": len(plan.todo), "skipped": len(plan.skipped),
                                   "filtered": len(plan.filtered), "notes": plan.notes}))
-        run = _Run(manifest, lake, ledger, lease, record, emit)
+        run = _Run(manifest, lake, ledger, lease, record, emit, entries)
         if plan.todo or run.pending_steps(False):  # nothing to do starts no cluster
             with dask_client(manifest, scheduler) as client:
                 record.update(scheduler=client.scheduler.address, dashboard=client.dashboard_link,
