@@ -5,8 +5,10 @@
 >>> ds = CubeDataset(["lake/scenes/a", "lake/scenes/b"], sampling=Sampling(size=32, stride=16))
 >>> for batch in DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, pin_memory=True): ...
 
-Import order: ``plan``, ``capacity`` (pure) <- ``cache`` <- ``sources`` <- ``metrics``, ``spectral`` <- ``reader``
-<- ``dataset``; ``planner`` measures a dataset and probes its link for ``capacity``.
+Import order: ``geo`` <- ``plan``, ``capacity`` (pure) <- ``samplers`` (pure strategies, areas, curriculum) <-
+``epoch`` (the epoch's table, pure) <- ``cache`` <- ``products`` (zarr, refs, cog) <- ``sources`` <- ``metrics``,
+``spectral`` <- ``reader`` <- ``batch`` <- ``dataset`` (wiring); ``planner`` measures a dataset and probes its
+link for ``capacity``.
 torch is imported by ``dataset`` only.
 """
 
@@ -24,10 +26,13 @@ from cubelake.grid import ChunkGrid
 from .cache import DiskCache, coalesce
 from .capacity import Link, Prediction, Workload, predict
 from .dataset import CubeDataset, Sampling
+from .epoch import EpochTable, RegionBalance
+from .geo import Georef
 from .metrics import LoaderMetrics
-from .plan import EpochPlan, PlanSpec, Randomness, SampleTable, plan_epoch, randomness
+from .plan import EpochPlan, PlanSpec, Randomness, SampleTable, plan_epoch, randomness, shard_report
 from .planner import plan_capacity, probe_link
 from .reader import ChunkReader, ChunkReadError, ReaderConfig
+from .samplers import Curriculum, LabelSampler, RandomSampler, Sampler, SceneView, SlidingSampler
 from .sources import ChunkSource, ProductError, open_source, open_sources
 from .spectral import Projection, Spectral, fit_pca, select_bands
 
@@ -37,18 +42,27 @@ __all__ = [
     "ChunkReader",
     "ChunkSource",
     "CubeDataset",
+    "Curriculum",
     "DiskCache",
     "EpochPlan",
+    "EpochTable",
+    "Georef",
+    "LabelSampler",
     "Link",
     "LoaderMetrics",
     "PlanSpec",
     "Prediction",
     "ProductError",
     "Projection",
+    "RandomSampler",
     "Randomness",
     "ReaderConfig",
+    "RegionBalance",
     "SampleTable",
+    "Sampler",
     "Sampling",
+    "SceneView",
+    "SlidingSampler",
     "Spectral",
     "Workload",
     "coalesce",
@@ -61,4 +75,5 @@ __all__ = [
     "probe_link",
     "randomness",
     "select_bands",
+    "shard_report",
 ]

@@ -12,7 +12,6 @@ import logging
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -28,23 +27,24 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from cubelake.storage import S3Options, check_fork_safe
 
+from . import geo
+from .batch import BatchCutter
 from .cache import DiskCache
+from .epoch import EpochTable, RegionBalance, TableBuilder
 from .metrics import LoaderMetrics
-from .plan import (
-    COL,
-    ROW,
-    SCENE,
-    Edge,
-    EpochPlan,
-    PlanSpec,
-    SampleTable,
-    batch_count,
-    label_windows,
-    plan_epoch,
-    random_windows,
-    sliding_windows,
-)
+from .plan import Edge, EpochPlan, PlanSpec, SampleTable, batch_count, plan_epoch
 from .reader import ChunkReader, ReaderConfig
+from .samplers import (
+    Curriculum,
+    LabelSampler,
+    RandomSampler,
+    Region,
+    Sampler,
+    SceneView,
+    SlidingSampler,
+    WindowRule,
+    region_of,
+)
 from .sources import ChunkSource, ProductError, ProductLike, open_sources
 from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
 
@@ -95,6 +95,15 @@ class Sampling:
         s = self.stride if self.stride is not None else self.size
         return (s, s) if isinstance(s, int) else (int(s[0]), int(s[1]))
 
+    def sampler(self) -> Sampler:
+        """The strategy ``mode`` names (any other :class:`~cubelake.loaders.samplers.Sampler` can be given to
+        :class:`CubeDataset` as ``sampler=``)."""
+        if self.mode == "sliding":
+            return SlidingSampler(self.window, self.step, self.edge)
+        if self.mode == "random":
+            return RandomSampler.of(self.window, self.count)
+        return LabelSampler(self.window, self.ignore_label, self.edge)
+
 
 def _delivery_position(nbatches: Sequence[int], worker: int, j: int) -> int:
     """Where a DataLoader delivers batch ``j`` of ``worker`` among all its workers' batches.
@@ -113,34 +122,12 @@ def _delivery_skip(nbatches: Sequence[int], worker: int, batches_done: int) -> i
     return skip
 
 
-class BufferPool:
-    """Batch-sized arrays reused once nothing else refers to them.
+def _as_tuple(v: Any) -> tuple[Any, ...]:
+    return (v,) if isinstance(v, str) else tuple(v)
 
-    A fresh 32 MiB array per batch is a fresh ``mmap`` from the allocator, and faulting its pages
-    in took about as long as cutting the batch. An array handed out in a tensor comes back when
-    the consumer drops the tensor (its reference count falls back to the pool's own).
-    """
 
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self._free: list[np.ndarray] = []
-
-    def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        for a in self._free:
-            # 3 = the pool's list, the loop variable and getrefcount's argument: nobody else holds it
-            if a.shape == shape and a.dtype == dtype and sys.getrefcount(a) <= 3:
-                return a
-        a = np.empty(shape, dtype)
-        self._free.append(a)
-        if len(self._free) > self.size:
-            self._free.pop(0)
-        return a
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"size": self.size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.size, self._free = state["size"], []
+def _query_text(q: Any) -> str:
+    return ", ".join(f"{k}={getattr(q, k)!r}" for k in q.__dataclass_fields__ if getattr(q, k) not in (None, (), ""))
 
 
 class CubeDataset(IterableDataset[dict[str, Any]]):
@@ -149,8 +136,16 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
     ``products``: lake scene folders, catalog search hits (with ``lake=``), STAC items, ``.zarr`` stores, refs or
     COGs (local or ``s3://``). Yields dicts: ``image`` ``(batch, band, h, w)`` float tensor,
     ``label`` (``(batch,)`` or ``(batch, h, w)`` int64, ``-1`` = none), ``scene`` (ids),
-    ``window`` ``(batch, 4)`` = row, col, height, width in the scene's pixels, and ``epoch``,
-    ``cursor`` (the batch's position in the epoch, for :meth:`state_dict`).
+    ``window`` ``(batch, 4)`` = row, col, height, width in the scene's pixels, ``weight`` ``(batch,)`` float32
+    (the loss weight of each sample: 1 unless ``balance`` sets ``alpha``), and ``epoch``, ``cursor`` (the
+    batch's position in the epoch, for :meth:`state_dict`).
+
+    ``sampler``: any :class:`~cubelake.loaders.samplers.Sampler` (default: the one ``sampling.mode`` names).
+    ``aoi``: an area (WGS84 GeoJSON geometry or shapely) that limits every scene's windows; only chunks
+    meeting it are read (``aoi_rule``: a window's ``"center"``, ``"intersects"`` or ``"within"``).
+    ``curriculum``: core scenes alone for the first epochs. ``balance``: geohash-cell downsampling and
+    loss weights (:class:`~cubelake.loaders.epoch.RegionBalance`). ``PlanSpec(shard_by="geohash")``
+    gives ranks and workers whole geohash cells.
     """
 
     def __init__(self, products: Sequence[ProductLike] | Iterable[ProductLike], *, sampling: Sampling | None = None,
@@ -158,9 +153,15 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                  prefetch: int = 8, prefetch_batches: int = 2, disk_cache: str | Path | None = None, rank: int | None = None,
                  world_size: int | None = None, storage_options: S3Options | None = None,
                  prefer: Sequence[str] = ("zarr", "refs", "cog"), labels: Sequence[str | Path | None] | None = None,
-                 stats_chunks: int = 4, lake: str | Path | None = None) -> None:
+                 stats_chunks: int = 4, lake: str | Path | None = None, sampler: Sampler | None = None,
+                 aoi: Any = None, aoi_rule: WindowRule = "center", curriculum: Curriculum | None = None,
+                 balance: RegionBalance | None = None) -> None:
         super().__init__()
         self.sampling = sampling or Sampling()
+        self.sampler = sampler or self.sampling.sampler()
+        if not isinstance(self.sampler, Sampler):
+            raise TypeError(f"sampler must implement the Sampler protocol (size, needs_labels, per_epoch, windows), "
+                            f"got {type(self.sampler).__name__}")
         self.spectral = spectral or Spectral()
         self.plan_spec = plan or PlanSpec()
         self.reader_config = reader or ReaderConfig()
@@ -184,10 +185,15 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
         self._norm = self._normalisation(stats_chunks)
-        self._affine_params = self._affine()
-        self._buffers = BufferPool()
-        self._table_cache: tuple[int, SampleTable] | None = None
-        self._table_fixed = self._build_table(0) if self.sampling.mode != "random" else None
+        self._cutter = BatchCutter(self.sources, self._bands, self.n_bands, self._norm, self.sampling, self._labels)
+        self.georefs = [geo.Georef.of(s.crs_wkt, s.transform) for s in self.sources]
+        self.regions = self._regions(aoi) if aoi is not None else None
+        self._tables = TableBuilder(
+            self.sampler, self._scene_views(), [s.scene_id for s in self.sources], self.georefs, self.plan_spec.seed,
+            centre_labels=self.sampling.labels == "center" and not self.sampler.needs_labels, regions=self.regions,
+            window_rule=aoi_rule, curriculum=curriculum, balance=balance,
+            shard_precision=self.plan_spec.geohash_precision if self.plan_spec.shard_by == "geohash" else None)
+        self._tables.base(0)  # fixed tables are built (and their errors raised) here, not in a worker
         self._epoch_base = 0
         self._iters = 0
         self._resume: dict[str, Any] | None = None
@@ -198,12 +204,53 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self._metrics_dir = tempfile.mkdtemp(prefix="cubelake-loader-metrics-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._metrics_dir, True)
 
+    @classmethod
+    def from_search(cls, lake: str | Path, query: Any = None, *, core_filters: Sequence[str] = (), core_epochs: int = 0,
+                    aoi_rule: WindowRule = "center", **kwargs: Any) -> CubeDataset:
+        """The scenes a catalog search finds, each limited to the search's area: one call from query to batches.
+
+        ``query``: a :class:`cubelake.catalog.Query`, or its fields as keywords (``bbox=``, ``intersects=``,
+        ``datetime=``, ``collections=``, ``filters=("eo:cloud_cover<10", "cubelake:quality>=0.8")`` ...).
+        With a ``bbox`` or ``intersects``, windows outside the area are not served and chunks outside
+        it are never read. ``core_filters`` + ``core_epochs``: a curriculum whose first ``core_epochs``
+        epochs serve only the scenes that also match ``core_filters``. Other keywords go to the dataset.
+        """
+        # the catalog sits beside the loader: imported on use
+        from cubelake.catalog import LakeCatalog, Query
+        from cubelake.catalog.query import parse_query
+
+        qfields = {k: kwargs.pop(k) for k in list(kwargs) if k in Query.__dataclass_fields__}
+        if query is not None and qfields:
+            raise TypeError(f"give a Query or its fields ({sorted(qfields)}), not both")
+        q = query if query is not None else Query(**qfields)
+        parsed = parse_query(q)
+        core_ids: set[str] = set()
+        with LakeCatalog(lake) as cat:
+            hits = cat.search(parsed)
+            if hits and core_filters:
+                core_q = replace(q, filters=(*_as_tuple(q.filters), *core_filters))
+                core_ids = {h.id for h in cat.search(parse_query(core_q))}
+        if not hits:
+            raise ProductError(f"the search found no scene in the catalog of {lake} ({_query_text(q)}); widen it")
+        curriculum = None
+        if core_filters:
+            curriculum = Curriculum(core_epochs, frozenset(core_ids))
+            log.info("curriculum: %d of %d scenes form the core for %d epochs", len(core_ids), len(hits), core_epochs)
+        if curriculum is not None and kwargs.get("curriculum") is not None:
+            raise TypeError("give core_filters or a curriculum, not both")
+        kwargs["curriculum"] = curriculum if curriculum is not None else kwargs.get("curriculum")
+        ds = cls(hits, lake=lake, aoi=parsed.geometry, aoi_rule=aoi_rule, **kwargs)
+        if curriculum is not None:  # hits and sources are in the same order; the core is named by scene id
+            core = frozenset(s.scene_id for s, h in zip(ds.sources, hits, strict=True) if h.id in core_ids)
+            ds._tables.curriculum = Curriculum(core_epochs, core)
+        return ds
+
     # -- set-up -------------------------------------------------------------------------------------
 
     def _load_labels(self) -> list[np.ndarray | None]:
-        need = self.sampling.mode == "labels" or self.sampling.labels != "none"
+        need = self.sampler.needs_labels or self.sampling.labels != "none"
         out = [s.labels() if need else None for s in self.sources]
-        if self.sampling.mode == "labels":
+        if self.sampler.needs_labels:
             missing = [s.scene_id for s, lab in zip(self.sources, out, strict=True) if lab is None]
             if missing:
                 raise ProductError(f"sampling mode 'labels' needs a label raster, and scenes {missing} have none; "
@@ -259,48 +306,32 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
     def _is_fill(raw: np.ndarray, fill: float) -> np.ndarray:
         return np.isnan(raw) if np.isnan(fill) else raw == np.asarray(fill).astype(raw.dtype)
 
-    def _build_table(self, epoch: int) -> SampleTable:
-        sm = self.sampling
-        size = sm.window
-        tables = []
-        for i, s in enumerate(self.sources):
-            g = s.grid
-            if sm.mode == "sliding":
-                tables.append(sliding_windows(i, g, size, sm.step, sm.edge, s.valid_chunks()))
-            elif sm.mode == "random":
-                rng = np.random.default_rng([self.plan_spec.seed, epoch, i, 1])
-                tables.append(random_windows(i, g, size, sm.count, rng, s.valid_chunks()))
-            else:
-                lab = self._labels[i]
-                assert lab is not None
-                r, c = np.nonzero(lab != sm.ignore_label)
-                tables.append(label_windows(i, g, size, r, c, lab[r, c], sm.edge))
-        table = SampleTable.concat(size, tables)
-        if sm.labels == "center" and sm.mode != "labels":
-            table.labels = self._centre_labels(table)
-        return table
+    def _scene_views(self) -> list[SceneView]:
+        return [SceneView(i, s.grid, s.valid_chunks(), self._labels[i]) for i, s in enumerate(self.sources)]
 
-    def _centre_labels(self, table: SampleTable) -> np.ndarray:
-        out = np.full(len(table), -1, np.int64)
-        for i, lab in enumerate(self._labels):
-            if lab is None:
-                continue
-            m = table.rows[:, SCENE] == i
-            r = table.rows[m, ROW] + table.size[0] // 2
-            c = table.rows[m, COL] + table.size[1] // 2
-            inside = (r >= 0) & (r < lab.shape[0]) & (c >= 0) & (c < lab.shape[1])
-            vals = np.full(r.size, -1, np.int64)
-            vals[inside] = lab[r[inside], c[inside]]
-            out[m] = vals
+    def _regions(self, aoi: Any) -> list[Region | None]:
+        """The area in each scene's pixels (``None``: the scene misses it)."""
+        import shapely
+        from shapely.geometry import shape
+
+        area = aoi if isinstance(aoi, shapely.Geometry) else shape(aoi.get("geometry", aoi) if isinstance(aoi, dict) else aoi)
+        out: list[Region | None] = []
+        for s, g in zip(self.sources, self.georefs, strict=True):
+            if g is None:
+                raise ProductError(f"{s.url}: the scene has no CRS or geotransform, so an area of interest cannot be "
+                                   "placed on it; leave aoi out, or use georeferenced scenes")
+            region = region_of(area, s.grid, g.crs_wkt, g.transform)
+            out.append(region if region.n_chunks else None)
+            log.info("%s: %d of %d chunks meet the area of interest", s.scene_id, region.n_chunks, s.grid.n_chunks)
         return out
 
     def table(self, epoch: int = 0) -> SampleTable:
-        """The epoch's samples (fixed for sliding/label sampling, drawn anew per epoch for random)."""
-        if self._table_fixed is not None:
-            return self._table_fixed
-        if self._table_cache is None or self._table_cache[0] != epoch:
-            self._table_cache = (epoch, self._build_table(epoch))
-        return self._table_cache[1]
+        """The epoch's samples, all shards (fixed unless the sampler draws per epoch, or regions are downsampled)."""
+        return self._tables.epoch(epoch).table
+
+    def epoch_table(self, epoch: int = 0) -> EpochTable:
+        """The epoch's samples with their loss weights, geohash cells, curriculum stage and region counts."""
+        return self._tables.epoch(epoch)
 
     # -- epochs and state ---------------------------------------------------------------------------
 
@@ -322,8 +353,9 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
     def plan(self, epoch: int = 0, *, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1) -> EpochPlan:
         """The plan one shard executes in ``epoch`` (pure; for inspection and tests)."""
-        return plan_epoch(self.grids, self.table(epoch), self.plan_spec, epoch, rank=rank, world_size=world_size,
-                          worker=worker, num_workers=num_workers)
+        et = self._tables.epoch(epoch)
+        return plan_epoch(self.grids, et.table, self.plan_spec, epoch, rank=rank, world_size=world_size,
+                          worker=worker, num_workers=num_workers, cells=et.cells)
 
     def state_dict(self, last_batch: dict[str, Any] | None = None) -> dict[str, Any]:
         """Where to resume: after ``last_batch`` (the last batch the training loop consumed)."""
@@ -372,8 +404,9 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         skip = 0
         resume = self._resume
         self._resume = None
-        plan = plan_epoch(self.grids, self.table(epoch), self.plan_spec, epoch, rank=rank, world_size=world,
-                          worker=wid, num_workers=nw)
+        et = self._tables.epoch(epoch)
+        plan = plan_epoch(self.grids, et.table, self.plan_spec, epoch, rank=rank, world_size=world,
+                          worker=wid, num_workers=nw, cells=et.cells)
         need = plan.stats.get("peak_resident", 0) * max(s.chunk_nbytes for s in self.sources)
         if need > self.reader_config.cache_bytes:
             log.warning("epoch %d needs up to %d chunks (%.0f MiB) resident to decode each once; cache_bytes is "
@@ -451,7 +484,11 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         metrics = LoaderMetrics(epoch=epoch)
         self._live_metrics = metrics
         reader = self._get_reader(metrics)
-        table = self.table(epoch)
+        et = self._tables.epoch(epoch)
+        metrics.stage, metrics.shared_chunks = et.stage, plan.shared_chunks
+        if et.regions is not None:
+            metrics.regions = int(et.regions[0].size)
+            metrics.region_samples_before, metrics.region_samples_after = int(et.regions[1].sum()), int(et.regions[2].sum())
         bs = self.plan_spec.batch_size
         n = len(plan) if not self.plan_spec.drop_last else nbatches[wid] * bs
         chunks = [(int(s), int(c)) for s, c in plan.chunks]
@@ -484,7 +521,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 ahead.append(chunks[next_req])
                 next_req += 1
             reader.request(ahead)
-            batch = self._assemble(plan, table, lo, hi, chunks, reader, metrics)
+            batch = self._cutter.cut(plan, et, lo, hi, chunks, reader, metrics, self.spectral)
             while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
                 reader.release(chunks[by_last[next_rel]])
                 next_rel += 1
@@ -508,133 +545,6 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             metrics.wait_s = busy
         metrics.save(path)
         self._last_metrics = metrics
-
-    def _affine(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values
-        to the output (CF scale/offset and normalisation folded into one multiply-add); fill NaN = none."""
-        gains, offs, fills = [], [], []
-        for i, src in enumerate(self.sources):
-            n = self.n_bands
-            g = np.full(n, src.scale, np.float64)
-            o = np.full(n, src.add_offset, np.float64)
-            norm = self._norm[i]
-            if norm is not None:  # (x * scale + offset - mean) / std
-                g, o = g / norm[1], (o - norm[0]) / norm[1]
-            gains.append(g)
-            offs.append(o)
-            fills.append(np.nan if src.fill_value is None else src.fill_value)
-        return (np.stack(gains).astype(np.float32), np.stack(offs).astype(np.float32), np.array(fills, np.float64))
-
-    def _assemble(self, plan: EpochPlan, table: SampleTable, lo: int, hi: int, chunks: list[tuple[int, int]],
-                  reader: ChunkReader, metrics: LoaderMetrics) -> dict[str, Any]:
-        """Cut the batch's windows from their chunks in the stored type, then convert all at once in torch."""
-        h, w = table.size
-        idx = plan.order[lo:hi]
-        rows = table.rows[idx]
-        n = idx.size
-        # windows are cast to float32 as they are copied out of the chunks: one pass, not two
-        x = self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
-        outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
-        keep = np.ones(n, bool)
-        masked = np.zeros(n, bool)  # samples touching a chunk with nodata
-        used = 0
-        t_wait = metrics.chunk_wait_s
-        t0 = time.perf_counter()
-        for i in range(n):
-            s, r, c = (int(v) for v in rows[i])
-            src = self.sources[s]
-            g = src.grid
-            bands = self._bands[s]
-            if r < 0 or c < 0 or r + h > g.height or c + w > g.width:
-                if outside is None:
-                    outside = np.zeros((n, h, w), bool)
-                outside[i] = True
-                outside[i, max(r, 0) - r:min(r + h, g.height) - r, max(c, 0) - c:min(c + w, g.width) - c] = False
-                x[i] = 0
-                masked[i] = True
-            for cpos in plan.chunks_of(lo + i):
-                key = chunks[int(cpos)]
-                arr = reader.get(key)
-                if arr is None:
-                    keep[i] = False
-                    break
-                masked[i] |= reader.has_fill(key)
-                cy, cx = divmod(key[1], g.n_cols)
-                y0, x0 = cy * g.chunk_y, cx * g.chunk_x
-                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_y, g.height)
-                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_x, g.width)
-                if ry0 >= ry1 or rx0 >= rx1:
-                    continue
-                part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
-                dst = x[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
-                dst[...] = part if bands is None else part[bands]
-                used += part.nbytes if bands is None else part.nbytes // part.shape[0] * bands.size
-        if not keep.all():
-            x, idx, rows, masked = x[keep], idx[keep], rows[keep], masked[keep]
-            outside = outside[keep] if outside is not None else None
-        scenes = rows[:, SCENE]
-        ok = self._fill_and_scale(x, scenes, masked, outside)
-        invalid = int((~ok).sum()) if ok is not None else 0
-        if invalid:
-            x, idx, rows, scenes = x[ok], idx[ok], rows[ok], scenes[ok]
-        proj = self.spectral.projection
-        if proj is not None:
-            x = proj.apply(x)
-        if x.dtype != np.dtype(self.spectral.dtype):
-            x = x.astype(self.spectral.dtype)
-        image = torch.from_numpy(x)
-        label = self._batch_labels(table, idx, rows)
-        metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
-                    assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
-        window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
-        return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
-                "window": torch.from_numpy(window.astype(np.int64))}
-
-    def _fill_and_scale(self, x: np.ndarray, scenes: np.ndarray, masked: np.ndarray,
-                        outside: np.ndarray | None) -> np.ndarray | None:
-        """Scale ``x`` in place and set its nodata, NaN and outside pixels to the fill; the samples valid
-        enough to keep (``None``: no ``min_valid`` check was needed)."""
-        gain, off, fillv = (v[scenes] for v in self._affine_params)
-        mi = np.flatnonzero(masked)
-        bad: np.ndarray | None = None
-        if mi.size:  # nodata, NaN and outside pixels of the samples that can have them (before scaling)
-            sub = x[mi]
-            bad = np.isnan(sub)
-            fills = fillv[mi]
-            has = np.isfinite(fills)
-            if has.any():  # stored values are exact in float32 for the integer types cubelake writes
-                bad |= (sub == np.where(has, fills, np.nan).astype(np.float32)[:, None, None, None])
-            if outside is not None:
-                bad |= outside[mi][:, None]
-        if not (np.all(gain == 1.0) and np.all(off == 0.0)):
-            x *= gain[:, :, None, None]
-            x += off[:, :, None, None]
-        if bad is None:
-            return None
-        sub = x[mi]
-        sub[bad] = self.spectral.fill
-        x[mi] = sub
-        if self.sampling.min_valid <= 0:
-            return None
-        frac = np.ones(x.shape[0])
-        frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
-        return frac >= self.sampling.min_valid
-
-    def _batch_labels(self, table: SampleTable, idx: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-        if self.sampling.labels != "dense":
-            return torch.from_numpy(table.labels[idx].astype(np.int64))
-        h, w = table.size
-        out = np.full((idx.size, h, w), -1, np.int64)
-        for i in range(idx.size):
-            s, r, c = (int(v) for v in rows[i])
-            lab = self._labels[s]
-            if lab is None:
-                continue
-            y0, y1 = max(r, 0), min(r + h, lab.shape[0])
-            x0, x1 = max(c, 0), min(c + w, lab.shape[1])
-            if y0 < y1 and x0 < x1:
-                out[i, y0 - r:y1 - r, x0 - c:x1 - c] = lab[y0:y1, x0:x1]
-        return torch.from_numpy(out)
 
     # -- metrics ------------------------------------------------------------------------------------
 

@@ -78,6 +78,11 @@ class LoaderMetrics:
     chunk_wait_s: float = 0.0  # the loader waiting for chunks to arrive and decode
     assemble_s: float = 0.0
     wall_s: float = 0.0
+    stage: int = 0  # curriculum stage of the epoch (1: core scenes only, 2: all)
+    shared_chunks: int = 0  # chunks a shard read that another shard also needed (summed over shards)
+    regions: int = 0  # geohash cells with samples (region balance), over all shards
+    region_samples_before: int = 0  # the epoch's samples before hot-region downsampling, all shards
+    region_samples_after: int = 0  # ... and kept
     threads: int = 1  # fetch/decode threads of the reader (load time per batch divides their busy time)
     inflight_peak: int = 0  # most storage requests in flight at once
     inflight_limit: int = 0  # the adaptive limit at the end (0: fixed at ``threads``)
@@ -179,6 +184,9 @@ class LoaderMetrics:
             for k in _ADDITIVE:
                 setattr(out, k, getattr(out, k) + getattr(p, k))
             out.wall_s = max(out.wall_s, p.wall_s)
+            for k in ("stage", "regions", "region_samples_before", "region_samples_after"):  # the epoch's, not a shard's
+                setattr(out, k, max(getattr(out, k), getattr(p, k)))
+            out.shared_chunks += p.shared_chunks
             out.threads = max(out.threads, p.threads)
             out.inflight_limit = max(out.inflight_limit, p.inflight_limit)
             out.inflight_peak += p.inflight_peak  # workers run side by side: their peaks may coincide

@@ -12,8 +12,11 @@ decoded, once per epoch:
 4. The chunk sequence is cut into *rounds* of ``K`` chunks; a sample belongs to the round of the
    last chunk it needs, and the samples of one round are shuffled together, spread evenly across
    the round's chunks (stratified), so a batch mixes many chunks.
-5. *Shards* (``world_size x num_workers``) get disjoint sets of scene strips balanced by sample
-   count; every rank gets the same number of samples (the surplus is dropped, reported).
+5. *Shards* (``world_size x num_workers``) get disjoint sets of scene strips, or of whole geohash
+   cells (``shard_by="geohash"``, see :mod:`cubelake.loaders.geo`), balanced by sample count;
+   every rank gets the same number of samples (the surplus is dropped, reported). A geohash
+   shard's chunk sequence is the chunks its samples need, traversed as in steps 2-4.
+   :func:`shard_report` sums up a split: samples and chunks per rank, chunks read by two ranks.
 
 Randomness is reported as numbers (:func:`randomness`): distinct chunks/scenes per batch and the
 lag-1 autocorrelation of sample positions, next to the same figures for a full shuffle.
@@ -21,13 +24,16 @@ lag-1 autocorrelation of sample positions, next to the same figures for a full s
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from cubelake.grid import ChunkGrid
+
+from .geo import assign_cells, load_ratio
 
 __all__ = [
     "EpochPlan",
@@ -41,11 +47,13 @@ __all__ = [
     "random_windows",
     "randomness",
     "residency",
+    "shard_report",
     "sliding_windows",
 ]
 
 Edge = Literal["drop", "pad"]
 Order = Literal["local", "random"]
+ShardBy = Literal["strips", "geohash"]
 
 # sample table columns
 SCENE, ROW, COL = 0, 1, 2
@@ -220,6 +228,9 @@ class PlanSpec:
     ``min_chunks_per_batch``: raises K to at least this. ``scenes_in_flight``: scenes traversed
     at once. ``order``: ``"local"`` (decode each chunk once with a small resident set) or
     ``"random"`` (full chunk shuffle: more random, needs a resident set near the whole scene).
+    ``shard_by``: ``"strips"`` (scenes, cut into strips of chunk rows where needed to balance) or
+    ``"geohash"`` (whole geohash cells of ``geohash_precision`` characters, 1-12: a rank reads
+    its own regions; :func:`plan_epoch` then needs the samples' cells).
     """
 
     seed: int = 0
@@ -229,12 +240,19 @@ class PlanSpec:
     order: Order = "local"
     batch_size: int = 64
     drop_last: bool = False
+    shard_by: ShardBy = "strips"
+    geohash_precision: int = 6
 
     def __post_init__(self) -> None:
         if self.chunks_per_round < 1 or self.scenes_in_flight < 1 or self.batch_size < 1:
             raise ValueError(f"chunks_per_round, scenes_in_flight and batch_size must be >= 1: {self}")
         if self.order not in ("local", "random"):
             raise ValueError(f"order must be 'local' or 'random', got {self.order!r}")
+        if self.shard_by not in ("strips", "geohash"):
+            raise ValueError(f"shard_by must be 'strips' or 'geohash', got {self.shard_by!r}")
+        p = self.geohash_precision
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 12:
+            raise ValueError(f"geohash_precision must be an integer from 1 to 12 (6 is ~1.2 x 0.6 km), got {p!r}")
 
     @property
     def k(self) -> int:
@@ -261,8 +279,9 @@ class EpochPlan:
     indices: np.ndarray
     worker_sizes: list[int] = field(default_factory=list)  # samples of each worker of this rank (this one included)
     dropped: int = 0  # samples left out to give every rank the same count
-    shared_chunks: int = 0  # chunks this shard needs that another shard also reads (strip seams)
+    shared_chunks: int = 0  # chunks this shard needs that another shard also reads (see plan_epoch)
     stats: dict[str, float] = field(default_factory=dict)
+    cells: list[str] = field(default_factory=list)  # sorted cells of this shard's samples (when cells were given)
 
     def __len__(self) -> int:
         return int(self.order.size)
@@ -341,20 +360,29 @@ def _lpt(weights: Sequence[float], bins: int) -> list[list[int]]:
 
 
 def plan_epoch(grids: Sequence[ChunkGrid], table: SampleTable, spec: PlanSpec, epoch: int, *, rank: int = 0,
-               world_size: int = 1, worker: int = 0, num_workers: int = 1) -> EpochPlan:
+               world_size: int = 1, worker: int = 0, num_workers: int = 1,
+               cells: np.ndarray | None = None) -> EpochPlan:
     """The epoch plan of shard ``rank * num_workers + worker``.
 
     Every shard computes the same global split (cheap, deterministic in ``(seed, epoch)``), so
-    shards agree without talking: ranks get disjoint strips of scenes balanced by sample count,
-    then each rank's strips go to its workers. All ranks serve the same number of samples.
+    shards agree without talking: ranks get disjoint strips of scenes (``shard_by="strips"``) or
+    whole geohash cells (``"geohash"``) balanced by sample count, then each rank's share goes to
+    its workers the same way. All ranks serve the same number of samples.
+
+    ``cells``: one cell label per table row (:func:`cubelake.loaders.geo.sample_cells`); required
+    by ``shard_by="geohash"``; with ``"strips"`` it only fills :attr:`EpochPlan.cells`.
+    ``EpochPlan.shared_chunks``: with strips, chunks this shard needs that another shard traverses
+    (strip seams, each counted by one shard); with geohash, chunks this shard needs that samples
+    of another shard's cells need too (counted by both shards).
     """
     if not (0 <= rank < world_size and 0 <= worker < num_workers):
         raise ValueError(f"rank {rank}/{world_size}, worker {worker}/{num_workers} out of range")
+    labels = _check_cells(cells, len(table), spec.shard_by)
     rng = np.random.default_rng([spec.seed, epoch])
     indptr, keys = _sample_chunk_ids(grids, table)
-    n = len(table)
     # a sample is served in the round of the last chunk it needs; which chunk is "last" depends on
     # the traversal, so first fix the traversal of every chunk of every scene
+    n = len(table)
     scenes = np.unique(table.rows[:, SCENE]) if n else np.zeros(0, np.int64)
     rank_of: dict[int, np.ndarray] = {}
     for s in scenes:
@@ -362,43 +390,141 @@ def plan_epoch(grids: Sequence[ChunkGrid], table: SampleTable, spec: PlanSpec, e
         r = np.empty(trav.size, np.int64)
         r[trav] = np.arange(trav.size)
         rank_of[int(s)] = r
+    trig_key = _trigger_keys(indptr, keys, rank_of)
+    shard = _Shard(rank, world_size, worker, num_workers)
+    if spec.shard_by == "geohash" and labels is not None:  # _check_cells refused geohash without cells
+        split = _split_cells(labels, indptr, keys, trig_key, scenes, rank_of, spec, rng, shard)
+    else:
+        split = _split_strips(grids, trig_key, scenes, rank_of, spec, rng, shard)
+    order = _serving_order(split.samples, split.trig, spec.k, rng)
+    # -- equal counts across ranks: every shard computes every rank's total
+    target_rank = int(min(split.rank_totals))
+    if spec.drop_last and world_size > 1:
+        target_rank -= target_rank % spec.batch_size
+    dropped = 0
+    sizes = [int(t) for t in split.worker_totals]
+    if world_size > 1:
+        sizes = _trim(sizes, target_rank)
+        dropped = int(order.size - sizes[worker])
+        order = order[:sizes[worker]]
+    plan = _finish(order, indptr, keys, spec, epoch, rank * num_workers + worker, world_size * num_workers, dropped,
+                   split.seq_keys, split.foreign)
+    plan.worker_sizes = sizes
+    if labels is not None:
+        plan.cells = sorted(str(c) for c in np.unique(labels[split.samples]))
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Shard:
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+
+@dataclass(slots=True)
+class _Split:
+    """One shard's share: its samples (ascending), their trigger chunks' positions in its chunk sequence."""
+
+    samples: np.ndarray
+    trig: np.ndarray
+    seq_keys: np.ndarray
+    rank_totals: list[float]  # samples of every rank
+    worker_totals: list[float]  # samples of every worker of this shard's rank
+    foreign: np.ndarray | None = None  # sorted chunk keys other shards' samples need (None: count strip seams)
+
+
+def _check_cells(cells: np.ndarray | None, n: int, shard_by: str) -> np.ndarray | None:
+    if cells is None:
+        if shard_by == "geohash":
+            raise ValueError("plan_epoch: PlanSpec(shard_by='geohash') needs cells=, one geohash cell per sample "
+                             "table row (cubelake.loaders.geo.sample_cells(table, georefs, precision))")
+        return None
+    labels = np.asarray(cells)
+    if labels.shape != (n,):
+        raise ValueError(f"plan_epoch: cells has shape {labels.shape}, the sample table has {n} rows: pass one cell "
+                         "label per row (sample_cells of this same table)")
+    return labels
+
+
+def _trigger_keys(indptr: np.ndarray, keys: np.ndarray, rank_of: dict[int, np.ndarray]) -> np.ndarray:
+    """Each sample's trigger chunk: its chunk with the highest traversal rank."""
     scene_of = keys >> 32
     flat = keys & 0xFFFFFFFF
     key_rank = np.empty(keys.size, np.int64)
     for s, r in rank_of.items():
         m = scene_of == s
         key_rank[m] = r[flat[m]]
-    # the sample's trigger chunk: its chunk with the highest traversal rank
-    trig_key = keys[_argmax_segments(key_rank, indptr)] if n else keys[:0]
+    return keys[_argmax_segments(key_rank, indptr)] if indptr.size > 1 else keys[:0]
+
+
+def _split_strips(grids: Sequence[ChunkGrid], trig_key: np.ndarray, scenes: np.ndarray, rank_of: dict[int, np.ndarray],
+                  spec: PlanSpec, rng: np.random.Generator, shard: _Shard) -> _Split:
+    """Scenes (or strips of scenes) -> ranks -> workers; a shard serves the samples whose trigger chunk it traverses."""
     # samples per chunk (by trigger), per scene
     per_scene: dict[int, np.ndarray] = {}
     for s in scenes:
         m = (trig_key >> 32) == s
         per_scene[int(s)] = np.bincount(trig_key[m] & 0xFFFFFFFF, minlength=grids[int(s)].n_chunks).astype(float)
-    # -- split: scenes (or strips of scenes) -> ranks -> workers
-    shards = world_size * num_workers
-    units = _strip_units(grids, rng.permutation(scenes), per_scene, shards)
+    units = _strip_units(grids, rng.permutation(scenes), per_scene, shard.world_size * shard.num_workers)
     weights = [float(per_scene[s][ids.ravel()].sum()) for s, ids in units]
-    by_rank = _lpt(weights, world_size)
-    mine_rank = by_rank[rank]
-    by_worker = _lpt([weights[i] for i in mine_rank], num_workers)
-    mine = [units[mine_rank[i]] for i in by_worker[worker]]
-    # -- my chunk sequence: each unit traversed in the scene's order, units interleaved
+    by_rank = _lpt(weights, shard.world_size)
+    mine_rank = by_rank[shard.rank]
+    by_worker = _lpt([weights[i] for i in mine_rank], shard.num_workers)
+    mine = [units[mine_rank[i]] for i in by_worker[shard.worker]]
+    # my chunk sequence: each unit traversed in the scene's order, units interleaved
     trav_units = []
     for s, ids in mine:
         chunk_ids = ids.ravel()
         trav_units.append((s, chunk_ids[np.argsort(rank_of[s][chunk_ids], kind="stable")]))
     seq = chunk_sequence(trav_units, spec.scenes_in_flight, rng)
     seq_keys = (seq[:, 0] << 32) | seq[:, 1]
-    # my samples: those whose trigger chunk is mine; trig_seq = its position in my sequence
+    # my samples: those whose trigger chunk is mine; trig = its position in my sequence
     trig_seq = _lookup(seq_keys, trig_key)
     my_samples = np.flatnonzero(trig_seq >= 0)
-    k = spec.k
-    rounds = trig_seq[my_samples] // k
+    rank_totals = [sum(weights[i] for i in by_rank[r]) for r in range(shard.world_size)]
+    worker_totals = [sum(weights[mine_rank[i]] for i in ws) for ws in by_worker]
+    return _Split(my_samples, trig_seq[my_samples], seq_keys, rank_totals, worker_totals)
+
+
+def _split_cells(labels: np.ndarray, indptr: np.ndarray, keys: np.ndarray, trig_key: np.ndarray, scenes: np.ndarray,
+                 rank_of: dict[int, np.ndarray], spec: PlanSpec, rng: np.random.Generator, shard: _Shard) -> _Split:
+    """Whole cells -> ranks -> workers (contiguous in geohash order where that balances); a shard serves its cells.
+
+    Its chunk sequence is every chunk its samples need, each scene's in that scene's traversal
+    order, scenes started in a seeded order and interleaved ``scenes_in_flight`` at a time.
+    """
+    _names, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    w = counts.astype(float)
+    by_rank = [np.asarray(b, np.int64) for b in assign_cells(w, shard.world_size)]
+    mine_rank = by_rank[shard.rank]
+    by_worker = [mine_rank[np.asarray(b, np.int64)] for b in assign_cells(w[mine_rank], shard.num_workers)]
+    mine_cell = np.zeros(w.size, bool)
+    mine_cell[by_worker[shard.worker]] = True
+    mine = mine_cell[inverse]
+    entry_mine = np.repeat(mine, np.diff(indptr))
+    my_keys = np.unique(keys[entry_mine])
+    units = []
+    for s in rng.permutation(scenes):
+        ids = my_keys[(my_keys >> 32) == s] & 0xFFFFFFFF
+        units.append((int(s), ids[np.argsort(rank_of[int(s)][ids], kind="stable")]))
+    seq = chunk_sequence(units, spec.scenes_in_flight, rng)
+    seq_keys = (seq[:, 0] << 32) | seq[:, 1]
+    my_samples = np.flatnonzero(mine)
+    return _Split(my_samples, _lookup(seq_keys, trig_key[my_samples]), seq_keys,
+                  [float(w[b].sum()) for b in by_rank], [float(w[b].sum()) for b in by_worker],
+                  foreign=np.unique(keys[~entry_mine]))
+
+
+def _serving_order(my_samples: np.ndarray, trig: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Rounds of ``k`` chunks in sequence order; inside a round, samples shuffled and stratified over its chunks."""
+    rounds = trig // k
     # stratified shuffle inside a round: a chunk's j-th of n samples gets key (j + u) / n
     jitter = rng.random(my_samples.size)
     perm = rng.permutation(my_samples.size)  # shuffle each chunk's own samples
-    trig_of = trig_seq[my_samples][perm]
+    trig_of = trig[perm]
     o = np.lexsort((perm, trig_of))
     sorted_trig = trig_of[o]
     starts = np.searchsorted(sorted_trig, sorted_trig, side="left")
@@ -406,21 +532,7 @@ def plan_epoch(grids: Sequence[ChunkGrid], table: SampleTable, spec: PlanSpec, e
     strat = np.empty(my_samples.size)
     strat[o] = (np.arange(o.size) - starts + jitter[: o.size]) / np.maximum(ends - starts, 1)
     served = perm[np.lexsort((strat, rounds[perm]))]
-    order = my_samples[served]
-    # -- equal counts across ranks: every shard computes every rank's total
-    rank_totals = [sum(weights[i] for i in by_rank[r]) for r in range(world_size)]
-    target_rank = int(min(rank_totals))
-    if spec.drop_last and world_size > 1:
-        target_rank -= target_rank % spec.batch_size
-    dropped = 0
-    sizes = [int(sum(weights[mine_rank[i]] for i in ws)) for ws in by_worker]
-    if world_size > 1:
-        sizes = _trim(sizes, target_rank)
-        dropped = int(order.size - sizes[worker])
-        order = order[:sizes[worker]]
-    plan = _finish(order, indptr, keys, spec, epoch, rank * num_workers + worker, shards, dropped, seq_keys)
-    plan.worker_sizes = sizes
-    return plan
+    return my_samples[served]
 
 
 def _argmax_segments(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
@@ -453,7 +565,7 @@ def _trim(totals: Sequence[float], target: int) -> list[int]:
 
 
 def _finish(order: np.ndarray, indptr: np.ndarray, keys: np.ndarray, spec: PlanSpec, epoch: int, shard: int,
-            num_shards: int, dropped: int, seq_keys: np.ndarray) -> EpochPlan:
+            num_shards: int, dropped: int, seq_keys: np.ndarray, foreign: np.ndarray | None = None) -> EpochPlan:
     counts = indptr[order + 1] - indptr[order]
     sub_indptr = np.zeros(order.size + 1, np.int64)
     np.cumsum(counts, out=sub_indptr[1:])
@@ -470,13 +582,64 @@ def _finish(order: np.ndarray, indptr: np.ndarray, keys: np.ndarray, spec: PlanS
     last_use = np.full(uniq.size, -1, np.int64)
     np.maximum.at(last_use, entries, sample_of_entry)
     first_use = first_sample[by_first]
-    shared = int((_lookup(seq_keys, chunk_keys) < 0).sum())
+    # strips: chunks needed but traversed by another shard (a seam); cells: chunks other shards' samples need too
+    shared = int((_lookup(seq_keys, chunk_keys) < 0).sum()) if foreign is None else int(np.isin(chunk_keys, foreign).sum())
     chunks = np.stack([chunk_keys >> 32, chunk_keys & 0xFFFFFFFF], axis=1) if chunk_keys.size else np.zeros((0, 2), np.int64)
     plan = EpochPlan(shard, num_shards, order, chunks, first_use, last_use, sub_indptr, entries,
                      dropped=dropped, shared_chunks=shared)
     plan.stats = {"samples": float(order.size), "chunks": float(uniq.size), "k": float(spec.k),
                   "peak_resident": float(residency(plan)), "epoch": float(epoch)}
     return plan
+
+
+def shard_report(grids: Sequence[ChunkGrid], table: SampleTable, spec: PlanSpec, epoch: int, world_size: int,
+                 num_workers: int = 1, cells: np.ndarray | None = None) -> dict[str, Any]:
+    """How one epoch's split spreads over ranks: samples, chunks, and chunks read by more than one rank.
+
+    Counts, not bytes. Per rank: ``samples`` served, ``samples_before_trim`` (its cells' or strips'
+    samples before ranks are equalised), ``dropped``, ``chunks`` (distinct chunks it decodes),
+    ``chunk_reads`` (summed over its workers: a chunk two workers need counts twice) and ``cells``.
+    Globally: ``chunks`` (distinct), ``chunks_multi_rank`` (read by two or more ranks) and its
+    ``_fraction`` of ``chunks``, the same for shards (``chunks_multi_shard``), and
+    ``max_min_samples`` (max/min of ``samples_before_trim``; ``inf`` when a rank has none) and,
+    when ``cells`` are given, ``cells_multi_rank``: cells whose samples more than one rank serves
+    (0 for ``shard_by="geohash"``: each rank reads its own regions).
+    Plans every shard, so it costs ``world_size * num_workers`` :func:`plan_epoch` calls.
+    """
+    ranks: list[dict[str, Any]] = []
+    rank_cells: list[set[str]] = []
+    rank_keys: list[np.ndarray] = []
+    shard_keys: list[np.ndarray] = []
+    for r in range(world_size):
+        plans = [plan_epoch(grids, table, spec, epoch, rank=r, world_size=world_size, worker=w, num_workers=num_workers,
+                            cells=cells) for w in range(num_workers)]
+        keys = [(p.chunks[:, 0] << 32) | p.chunks[:, 1] for p in plans]
+        shard_keys.extend(keys)
+        rank_keys.append(np.unique(np.concatenate(keys)))
+        rank_cells.append(set().union(*(p.cells for p in plans)))
+        ranks.append({"rank": r, "samples": sum(len(p) for p in plans),
+                      "samples_before_trim": sum(len(p) + p.dropped for p in plans),
+                      "dropped": sum(p.dropped for p in plans), "chunks": int(rank_keys[-1].size),
+                      "chunk_reads": sum(int(k.size) for k in keys),
+                      "cells": len(rank_cells[-1])})
+    multi_rank, total = _multi_read(rank_keys)
+    multi_shard, _ = _multi_read(shard_keys)
+    return {"shard_by": spec.shard_by, "epoch": epoch, "world_size": world_size, "num_workers": num_workers,
+            "samples": len(table), "served": sum(x["samples"] for x in ranks),
+            "dropped": sum(x["dropped"] for x in ranks), "chunks": total, "chunks_multi_rank": multi_rank,
+            "chunks_multi_rank_fraction": multi_rank / total if total else 0.0, "chunks_multi_shard": multi_shard,
+            "chunks_multi_shard_fraction": multi_shard / total if total else 0.0,
+            "chunk_reads": sum(x["chunk_reads"] for x in ranks),
+            "cells_multi_rank": sum(n > 1 for n in Counter(c for cs in rank_cells for c in cs).values()),
+            "max_min_samples": load_ratio([x["samples_before_trim"] for x in ranks]), "ranks": ranks}
+
+
+def _multi_read(key_sets: Sequence[np.ndarray]) -> tuple[int, int]:
+    """``(keys in two or more of the sets, distinct keys)``; each set holds unique keys."""
+    if not key_sets:
+        return 0, 0
+    _, n = np.unique(np.concatenate(key_sets), return_counts=True)
+    return int((n > 1).sum()), int(n.size)
 
 
 def residency(plan: EpochPlan) -> int:

@@ -1,0 +1,372 @@
+"""Geo-aware training: geohash cells of samples, regional sharding, hot-region downsampling, loss weights. Pure.
+
+Each window of a :class:`~cubelake.loaders.plan.SampleTable` is named by the geohash cell of its
+centre (precision 6 is ~1.2 km x 0.6 km). Cells then drive three things:
+
+- *Sharding* (``PlanSpec(shard_by="geohash")``): ranks get whole cells balanced by sample count,
+  so a node reads its own region. :func:`assign_cells` keeps each rank's cells contiguous in
+  geohash order (a Z-order curve, so a rank's cells form compact regions with short borders);
+  where cells are too coarse for that to balance it falls back to :func:`balance_cells` (LPT
+  plus local swaps, no locality).
+- *Downsampling* hot regions: a sample of a cell holding ``n`` samples is kept with probability
+  ``1 / (1 + log1p(n))`` (:func:`keep_probability`, :func:`downsample`), seeded per epoch.
+- *Loss weights* for sparse regions: ``1 + alpha * (1 - density)`` with ``density = n_cell /
+  max(n_cell)`` (:func:`loss_weights`).
+
+A scene without a georeference gets the pseudo-cell ``"~scene<i>"`` (``~`` is outside the
+geohash alphabet and sorts after it), so it shards as one unit and never shares a cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pyproj import CRS, Transformer
+from pyproj.exceptions import CRSError
+
+from cubelake.geohash import encode_many
+
+if TYPE_CHECKING:
+    from .plan import SampleTable
+
+__all__ = [
+    "Georef",
+    "assign_cells",
+    "balance_cells",
+    "cell_counts",
+    "contiguous_cells",
+    "downsample",
+    "downsample_counts",
+    "keep_probability",
+    "load_ratio",
+    "loss_weights",
+    "sample_cells",
+    "scene_cell",
+]
+
+Transform6 = tuple[float, float, float, float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Georef:
+    """Where a scene's pixels are: a CRS (WKT, or anything pyproj reads) and a GDAL-style affine.
+
+    ``transform`` is ``(a, b, c, d, e, f)`` in :class:`affine.Affine` order: ``x = a*col + b*row + c``,
+    ``y = d*col + e*row + f``, with ``(row, col)`` the pixel's top-left corner.
+    """
+
+    crs_wkt: str
+    transform: Transform6
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.crs_wkt, str) or not self.crs_wkt.strip():
+            raise ValueError(f"Georef.crs_wkt must be a non-empty CRS string (WKT or 'EPSG:n'), got {self.crs_wkt!r}")
+        t = tuple(self.transform)
+        if len(t) != 6 or not all(isinstance(v, int | float | np.number) and math.isfinite(v) for v in t):
+            raise ValueError(f"Georef.transform must be 6 finite numbers (a, b, c, d, e, f), got {self.transform!r}")
+        t = tuple(float(v) for v in t)
+        object.__setattr__(self, "transform", t)  # a list or numpy numbers in, a hashable tuple of floats kept
+        a, b, _c, d, e, _f = t
+        if a * e - b * d == 0:
+            raise ValueError(f"Georef.transform {t} is degenerate (a*e - b*d == 0): pixels have no area")
+
+    @classmethod
+    def of(cls, crs_wkt: str | None, transform: Sequence[float] | None) -> Georef | None:
+        """A Georef, or ``None`` when the scene lacks a CRS or a transform (e.g. ``CubeSpec.crs_wkt/transform``)."""
+        if crs_wkt is None or transform is None:
+            return None
+        t = tuple(float(v) for v in transform)
+        if len(t) != 6:
+            raise ValueError(f"a geotransform has 6 numbers (a, b, c, d, e, f), got {len(t)}: {tuple(transform)!r}")
+        return cls(crs_wkt, (t[0], t[1], t[2], t[3], t[4], t[5]))
+
+    def to_lonlat(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Longitude and latitude (degrees, EPSG:4326) of pixel centres ``(rows + 0.5, cols + 0.5)``.
+
+        ``rows``/``cols``: pixel indices, same shape, may be fractional or outside the raster.
+        Points the CRS cannot map come back as ``inf``.
+        """
+        r = np.asarray(rows, np.float64) + 0.5
+        c = np.asarray(cols, np.float64) + 0.5
+        if r.shape != c.shape:
+            raise ValueError(f"rows and cols must have the same shape, got {r.shape} and {c.shape}")
+        a, b, c0, d, e, f = self.transform
+        x = a * c + b * r + c0
+        y = d * c + e * r + f
+        lon, lat = _to_wgs84(self.crs_wkt).transform(x, y)
+        return np.asarray(lon, np.float64).reshape(r.shape), np.asarray(lat, np.float64).reshape(r.shape)
+
+
+@lru_cache(maxsize=64)
+def _to_wgs84(crs: str) -> Transformer:
+    """One transformer per CRS (pyproj >= 3.1 transformers are thread-safe)."""
+    try:
+        src = CRS.from_user_input(crs)
+    except CRSError as exc:
+        shown = crs if len(crs) <= 80 else crs[:77] + "..."
+        raise ValueError(f"Georef.crs_wkt {shown!r} is not a CRS pyproj can read ({exc}); pass WKT or 'EPSG:n'") from exc
+    return Transformer.from_crs(src, "EPSG:4326", always_xy=True)
+
+
+def scene_cell(scene: int) -> str:
+    """The pseudo-cell of a scene without a georeference."""
+    return f"~scene{int(scene)}"
+
+
+def sample_cells(table: SampleTable, georefs: Sequence[Georef | None], precision: int = 6) -> np.ndarray:
+    """The geohash cell of each window's centre, one string per table row (``'<U..'`` array).
+
+    ``georefs[i]`` places scene ``i``; ``None`` gives every window of that scene the pseudo-cell
+    ``"~scene<i>"`` (:func:`scene_cell`), so it shards as one unit. ``precision``: 1-12 characters.
+    """
+    rows = np.asarray(table.rows)
+    n = rows.shape[0]
+    if n and int(rows[:, 0].max()) >= len(georefs):
+        raise ValueError(f"sample table names scene {int(rows[:, 0].max())} but georefs has {len(georefs)} entries: "
+                         "pass one Georef (or None) per scene")
+    scenes = np.unique(rows[:, 0]) if n else np.zeros(0, np.int64)
+    labels: dict[int, np.ndarray] = {}
+    for s in scenes.tolist():
+        m = rows[:, 0] == s
+        g = georefs[s]
+        if g is None:
+            labels[s] = np.full(int(m.sum()), scene_cell(s))
+            continue
+        # the window's centre, as a (fractional) pixel index: to_lonlat adds the half pixel
+        lon, lat = g.to_lonlat(rows[m, 1] + (table.size[0] - 1) / 2, rows[m, 2] + (table.size[1] - 1) / 2)
+        bad = ~(np.isfinite(lon) & np.isfinite(lat))
+        if bad.any():
+            raise ValueError(f"scene {s}: {int(bad.sum())} window centres do not map to lon/lat with its CRS; "
+                             "check the scene's georeference, or pass None for it to shard it as one unit")
+        labels[s] = encode_many(lon, lat, precision)
+    width = max([precision, *(len(scene_cell(s)) for s in scenes.tolist())])
+    out = np.empty(n, f"<U{width}")
+    for s, lab in labels.items():
+        out[rows[:, 0] == s] = lab
+    return out
+
+
+def cell_counts(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(unique cells sorted, samples per cell, index of each sample's cell)``."""
+    uniq, inverse, counts = np.unique(np.asarray(cells), return_inverse=True, return_counts=True)
+    return uniq, counts.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+
+
+# -- hot regions and sparse regions --------------------------------------------------------------------
+
+
+def _check_counts(counts: np.ndarray) -> np.ndarray:
+    n = np.asarray(counts)
+    if n.ndim != 1 or not np.issubdtype(n.dtype, np.number) or (n.size and (not np.isfinite(n).all() or n.min() < 0)):
+        raise ValueError(f"cell counts must be a 1-D array of finite numbers >= 0, got {n!r:.200}")
+    return n.astype(np.float64)
+
+
+def keep_probability(counts: np.ndarray, fn: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """Per cell, the probability that one of its samples is kept this epoch.
+
+    Default ``1 / (1 + log1p(n))`` for a cell of ``n`` samples (1 for an empty cell, ~0.13 at
+    1000). ``fn``: your own rule, given the float counts and returning one probability in
+    ``[0, 1]`` per cell; anything else raises ``ValueError``.
+    """
+    n = _check_counts(counts)
+    if fn is None:
+        return 1.0 / (1.0 + np.log1p(n))
+    p = np.asarray(fn(n.copy()), np.float64)
+    if p.shape != n.shape:
+        raise ValueError(f"keep-probability function {getattr(fn, '__name__', fn)!r} returned shape {p.shape}; "
+                         f"it must return one probability per cell, shape {n.shape}")
+    finite = p[np.isfinite(p)]
+    if finite.size < p.size or finite.min(initial=0.0) < 0 or finite.max(initial=0.0) > 1:
+        raise ValueError(f"keep-probability function {getattr(fn, '__name__', fn)!r} returned values outside [0, 1] "
+                         f"(min {finite.min(initial=0.0)}, max {finite.max(initial=0.0)}, "
+                         f"{p.size - finite.size} not finite): return probabilities")
+    return p
+
+
+def downsample(cells_inverse: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Bool mask over samples: sample ``i`` kept with probability ``probs[cells_inverse[i]]`` (one Bernoulli each).
+
+    Seed ``rng`` per epoch (e.g. ``np.random.default_rng([seed, epoch])``) so every rank draws the same mask.
+    """
+    inv = np.asarray(cells_inverse, np.int64)
+    p = np.asarray(probs, np.float64)
+    if inv.size and (inv.min() < 0 or inv.max() >= p.size):
+        raise ValueError(f"cells_inverse holds cell indices up to {int(inv.max())} but probs has {p.size} cells")
+    return rng.random(inv.size) < p[inv]
+
+
+def downsample_counts(cells_inverse: np.ndarray, mask: np.ndarray, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, ``(samples before, samples kept)`` by a :func:`downsample` mask (for metrics)."""
+    inv = np.asarray(cells_inverse, np.int64)
+    keep = np.asarray(mask, bool)
+    if keep.shape != inv.shape:
+        raise ValueError(f"mask has shape {keep.shape}, cells_inverse {inv.shape}: one flag per sample")
+    before = np.bincount(inv, minlength=n_cells).astype(np.int64)
+    kept = np.bincount(inv[keep], minlength=n_cells).astype(np.int64)
+    return before, kept
+
+
+def loss_weights(counts: np.ndarray, inverse: np.ndarray, alpha: float) -> np.ndarray:
+    """Per sample, the loss weight ``1 + alpha * (1 - density)`` of its cell.
+
+    ``density = n_cell / max(n_cell)``: 1 in the densest cell (weight 1), near 0 in the sparsest
+    (weight near ``1 + alpha``). ``counts``: samples per cell; ``inverse``: each sample's cell
+    index; ``alpha`` >= 0.
+    """
+    if not (isinstance(alpha, int | float) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"loss-weight alpha must be a finite number >= 0, got {alpha!r}")
+    n = _check_counts(counts)
+    inv = np.asarray(inverse, np.int64)
+    if inv.size and (inv.min() < 0 or inv.max() >= n.size):
+        raise ValueError(f"inverse holds cell indices up to {int(inv.max())} but counts has {n.size} cells")
+    top = n.max(initial=0.0)
+    density = n / top if top > 0 else np.zeros_like(n)
+    return (1.0 + alpha * (1.0 - density))[inv]
+
+
+# -- balancing cells over bins -------------------------------------------------------------------------
+
+
+def load_ratio(loads: Sequence[float] | np.ndarray) -> float:
+    """``max / min`` of bin loads: 1.0 when all are equal (or all zero), ``inf`` when one is empty and another is not."""
+    x = np.asarray(loads, np.float64)
+    if x.size == 0 or x.max() == 0:
+        return 1.0
+    return float(x.max() / x.min()) if x.min() > 0 else math.inf
+
+
+def _check_bins(weights: Sequence[float] | np.ndarray, bins: int) -> np.ndarray:
+    if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
+        raise ValueError(f"bins must be an integer >= 1, got {bins!r}")
+    return _check_counts(np.asarray(weights, np.float64).reshape(-1))
+
+
+def balance_cells(cell_weights: Sequence[float] | np.ndarray, bins: int, max_steps: int | None = None) -> list[list[int]]:
+    """Whole cells to ``bins`` with balanced weight sums: LPT, then moves and swaps between bins.
+
+    Deterministic. A step moves one cell, or swaps two, between the heaviest bin and a lighter
+    one (or a heavier one and the lightest) when that narrows their gap; the sum of squared loads
+    falls with every step, so it ends. It stops at ``max/min <= 1.01``, when no step helps, or
+    after ``max_steps``. Reaches ``max/min <= 1.05`` unless single cells are too heavy for it.
+    Returns sorted cell indices per bin.
+    """
+    w = _check_bins(cell_weights, bins)
+    out: list[list[int]] = [[] for _ in range(bins)]
+    load = np.zeros(bins)
+    for i in sorted(range(w.size), key=lambda j: (-w[j], j)):
+        b = int(np.argmin(load))
+        out[b].append(i)
+        load[b] += w[i]
+    members = [np.array(b, np.int64) for b in out]
+    for _ in range(max_steps if max_steps is not None else 20 * bins + 200):
+        if load_ratio(load) <= 1.01 or not _improve_once(w, members, load):
+            break
+    return [sorted(m.tolist()) for m in members]
+
+
+def _improve_once(w: np.ndarray, members: list[np.ndarray], load: np.ndarray) -> bool:
+    """Apply the best move/swap between the heaviest (lightest) bin and another; ``False`` when none helps."""
+    by_load = np.argsort(load, kind="stable")
+    hi, lo = int(by_load[-1]), int(by_load[0])
+    pairs = [(hi, int(b)) for b in by_load[:-1]] + [(int(b), lo) for b in by_load[::-1][1:]]
+    for a, b in pairs:
+        gap = load[a] - load[b]
+        best = _best_transfer(w[members[a]], w[members[b]], gap) if gap > 0 else None
+        if best is None:
+            continue
+        i, j, t = best
+        moved = members[a][i]
+        keep_a = np.delete(members[a], i)
+        if j >= 0:
+            keep_a = np.append(keep_a, members[b][j])
+            members[b] = np.delete(members[b], j)
+        members[a] = keep_a
+        members[b] = np.append(members[b], moved)
+        load[a] -= t
+        load[b] += t
+        return True
+    return False
+
+
+def _best_transfer(wh: np.ndarray, wl: np.ndarray, gap: float) -> tuple[int, int, float] | None:
+    """``(i in hi, j in lo or -1 for a move, weight moved)`` closest to ``gap / 2`` with ``0 < t < gap``."""
+    cands: list[tuple[float, int, int, float]] = []
+    if wh.size:
+        i = int(np.argmin(np.abs(wh - gap / 2)))
+        cands.append((abs(wh[i] - gap / 2), i, -1, float(wh[i])))
+    if wh.size and wl.size:
+        ol = np.argsort(wl, kind="stable")
+        sl = wl[ol]
+        want = wh - gap / 2  # swap i<->j moves wh[i] - wl[j]; best wl[j] is near wh[i] - gap/2
+        k = np.clip(np.searchsorted(sl, want), 0, sl.size - 1)
+        for kk in (k, np.maximum(k - 1, 0)):
+            t = wh - sl[kk]
+            err = np.abs(t - gap / 2)
+            i = int(np.argmin(err))
+            cands.append((float(err[i]), i, int(ol[kk[i]]), float(t[i])))
+    ok = [c for c in cands if 0 < c[3] < gap]
+    if not ok:
+        return None
+    _, i, j, t = min(ok, key=lambda c: (c[0], c[2] >= 0, c[1], c[2]))
+    return i, j, t
+
+
+def contiguous_cells(cell_weights: Sequence[float] | np.ndarray, bins: int) -> list[list[int]]:
+    """Cut the cells, in the given order, into ``bins`` contiguous runs of balanced weight.
+
+    Cuts start where the running sum is nearest ``total * k / bins`` and then move one cell at a
+    time while that narrows the two neighbouring bins' gap. In geohash order a run is a compact region.
+    """
+    w = _check_bins(cell_weights, bins)
+    csum = np.concatenate([[0.0], np.cumsum(w)])
+    total = csum[-1]
+    cuts = [0]
+    for k in range(1, bins):
+        target = total * k / bins
+        j = int(np.searchsorted(csum, target))
+        j = j if j < csum.size and (j == 0 or csum[j] - target <= target - csum[j - 1]) else j - 1
+        cuts.append(max(cuts[-1], min(j, w.size)))
+    cuts.append(w.size)
+    for _ in range(4 * bins + w.size):
+        if not _shift_one_cut(csum, cuts):
+            break
+    return [list(range(cuts[b], cuts[b + 1])) for b in range(bins)]
+
+
+def _shift_one_cut(csum: np.ndarray, cuts: list[int]) -> bool:
+    """Move the first cut whose one-cell shift lowers its two bins' sum of squared loads."""
+    for k in range(1, len(cuts) - 1):
+        a, c = csum[cuts[k]] - csum[cuts[k - 1]], csum[cuts[k + 1]] - csum[cuts[k]]
+        for step in (-1, 1):
+            j = cuts[k] + step
+            if not cuts[k - 1] <= j <= cuts[k + 1]:
+                continue
+            a2, c2 = csum[j] - csum[cuts[k - 1]], csum[cuts[k + 1]] - csum[j]
+            if a2 * a2 + c2 * c2 < a * a + c * c - 1e-9:
+                cuts[k] = j
+                return True
+    return False
+
+
+def assign_cells(cell_weights: Sequence[float] | np.ndarray, bins: int, tolerance: float = 1.05) -> list[list[int]]:
+    """Cells (in geohash order) to ``bins``: contiguous runs when they balance within ``tolerance`` (max/min).
+
+    Otherwise whichever of the contiguous runs and :func:`balance_cells` has the lower maximum
+    load (ties: the lower max/min): coarse cells cannot keep both locality and balance.
+    """
+    w = _check_bins(cell_weights, bins)
+    runs = contiguous_cells(w, bins)
+    run_loads = [float(w[b].sum()) for b in runs]
+    if load_ratio(run_loads) <= tolerance:
+        return runs
+    lpt = balance_cells(w, bins)
+    lpt_loads = [float(w[b].sum()) for b in lpt]
+    if (max(lpt_loads), load_ratio(lpt_loads)) < (max(run_loads), load_ratio(run_loads)):
+        return lpt
+    return runs

@@ -1,0 +1,231 @@
+"""The sampler seam, areas of interest, the curriculum and region balance, end to end on ingested products."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import shapely
+from pyproj import Transformer
+from shapely.geometry import box, mapping
+from torch.utils.data import DataLoader
+
+from cubelake.geohash import encode
+from cubelake.grid import ChunkGrid
+from cubelake.loaders import CubeDataset, PlanSpec, ProductError, Sampling, Spectral
+from cubelake.loaders.epoch import RegionBalance
+from cubelake.loaders.plan import SampleTable
+from cubelake.loaders.samplers import (
+    Curriculum,
+    LabelSampler,
+    RandomSampler,
+    Sampler,
+    SceneView,
+    SlidingSampler,
+    region_of,
+    restrict,
+)
+
+from .conftest import expected_window
+
+RAW = Spectral(normalize="none")
+UTM33 = "EPSG:32633"
+ORIGIN = (500000.0, 5800000.0)  # write_geotiff's upper-left corner, 30 m pixels
+TO_LONLAT = Transformer.from_crs(UTM33, "EPSG:4326", always_xy=True)
+TO_UTM = Transformer.from_crs("EPSG:4326", UTM33, always_xy=True)
+
+
+def served(batches: list[dict[str, Any]]) -> list[tuple[str, int, int]]:
+    return [(s, int(w[0]), int(w[1])) for b in batches for s, w in zip(b["scene"], b["window"], strict=True)]
+
+
+def lonlat(row: float, col: float) -> tuple[float, float]:
+    x, y = ORIGIN[0] + 30.0 * col, ORIGIN[1] - 30.0 * row
+    lon, lat = TO_LONLAT.transform(x, y)
+    return float(lon), float(lat)
+
+
+def area(rows: tuple[float, float], cols: tuple[float, float]) -> shapely.Geometry:
+    """A lon/lat rectangle around the given pixel span of the synthetic scenes (their grids share an origin)."""
+    corners = [lonlat(r, c) for r in rows for c in cols]
+    return box(min(p[0] for p in corners), min(p[1] for p in corners), max(p[0] for p in corners),
+               max(p[1] for p in corners))
+
+
+@dataclass(frozen=True)
+class DiagonalSampler:
+    """A strategy the loader has never heard of: windows along the scene's diagonal, every ``step`` pixels."""
+
+    size: tuple[int, int] = (16, 16)
+    step: int = 40
+    needs_labels: bool = False
+    per_epoch: bool = False
+
+    def windows(self, scene: SceneView, epoch: int, seed: int) -> SampleTable:
+        n = min(scene.grid.height, scene.grid.width) - self.size[0]
+        pos = np.arange(0, n + 1, self.step, dtype=np.int64)
+        rows = np.stack([np.full(pos.size, scene.index, np.int64), pos, pos], axis=1)
+        return SampleTable(self.size, rows, np.full(pos.size, -1, np.int64))
+
+
+def test_built_in_strategies_are_samplers_and_a_new_one_plugs_in(synth_lake: dict[str, Any]) -> None:
+    for s in (SlidingSampler.of(32, 16), RandomSampler.of(32, 10), LabelSampler.of(9), DiagonalSampler()):
+        assert isinstance(s, Sampler)
+    assert isinstance(Sampling(mode="random", size=8, count=3).sampler(), RandomSampler)
+    ds = CubeDataset(synth_lake["scenes"], sampler=DiagonalSampler(), sampling=Sampling(labels="none"), spectral=RAW,
+                     plan=PlanSpec(batch_size=4))
+    got = sorted(served(list(ds)))
+    want = sorted([("scene_a", p, p) for p in range(0, 260 - 16 + 1, 40)] + [("scene_b", p, p) for p in range(0, 200 - 16 + 1, 40)])
+    assert got == want
+    for b in DataLoader(ds, batch_size=None):
+        for i, (sid, w) in enumerate(zip(b["scene"], b["window"].tolist(), strict=True)):
+            np.testing.assert_array_equal(b["image"][i].numpy(), expected_window(synth_lake[sid[-1]], *w))
+        assert b["weight"].dtype.is_floating_point
+        assert b["weight"].tolist() == [1.0] * len(b["scene"])
+    with pytest.raises(TypeError, match="Sampler protocol"):
+        CubeDataset(synth_lake["scenes"], sampler=object())  # type: ignore[arg-type]
+
+
+def test_region_in_pixels_matches_a_brute_force_footprint_check() -> None:
+    grid = ChunkGrid(300, 260, 64, 64)
+    aoi = area((70, 190), (40, 150))
+    reg = region_of(aoi, grid, UTM33, (30.0, 0.0, ORIGIN[0], 0.0, -30.0, ORIGIN[1]))
+    for cy in range(grid.n_rows):
+        for cx in range(grid.n_cols):  # the chunk's footprint, densified, in lon/lat
+            r0, r1 = cy * 64, min(cy * 64 + 64, 300)
+            c0, c1 = cx * 64, min(cx * 64 + 64, 260)
+            ring = [lonlat(r, c0) for r in np.linspace(r0, r1, 9)] + [lonlat(r1, c) for c in np.linspace(c0, c1, 9)] + \
+                   [lonlat(r, c1) for r in np.linspace(r1, r0, 9)] + [lonlat(r0, c) for c in np.linspace(c1, c0, 9)]
+            assert bool(reg.chunks[cy, cx]) == shapely.Polygon(ring).intersects(aoi), (cy, cx)
+    assert 0 < reg.n_chunks < grid.n_chunks
+    table = SlidingSampler.of(16, 8).windows(SceneView(0, grid), 0, 0)
+    kept = restrict(table, grid, reg, "within")
+    for r, c in kept.rows[:, 1:]:
+        assert aoi.buffer(1e-9).covers(shapely.Polygon([lonlat(r, c), lonlat(r, c + 16), lonlat(r + 16, c + 16),
+                                                        lonlat(r + 16, c)]))
+    with pytest.raises(ValueError, match="window rule"):
+        restrict(table, grid, reg, "overlaps")  # type: ignore[arg-type]
+
+
+def _expected_aoi_windows(shape: tuple[int, int], aoi: shapely.Geometry, size: int, stride: int,
+                          chunks: np.ndarray) -> set[tuple[int, int]]:
+    """Brute force: sliding windows whose centre lies in the area and whose chunks all meet it."""
+    out = set()
+    for r in range(0, shape[0] - size + 1, stride):
+        for c in range(0, shape[1] - size + 1, stride):
+            lon, lat = lonlat(r + size // 2 + 0.5, c + size // 2 + 0.5)
+            cys = range(r // 64, (r + size - 1) // 64 + 1)
+            cxs = range(c // 64, (c + size - 1) // 64 + 1)
+            if aoi.intersects(shapely.Point(lon, lat)) and all(chunks[y, x] for y in cys for x in cxs):
+                out.add((r, c))
+    return out
+
+
+def test_an_area_limits_windows_and_only_chunks_meeting_it_are_read(synth_lake: dict[str, Any]) -> None:
+    aoi = area((70, 190), (40, 150))
+    ds = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=8, labels="none"), spectral=RAW,
+                     plan=PlanSpec(batch_size=32), aoi=mapping(aoi), prefer=("cog",))
+    batches = list(ds)
+    got = served(batches)
+    for sid, shape, i in (("scene_a", (300, 260), 0), ("scene_b", (200, 330), 1)):
+        reg = ds.regions[i]
+        assert reg is not None
+        want = _expected_aoi_windows(shape, aoi, 16, 8, reg.chunks)
+        assert {(r, c) for s, r, c in got if s == sid} == want
+        assert len(want) > 0
+    assert len(got) == len(set(got)) == ds.n_samples()
+    for b in batches:
+        for i, (sid, w) in enumerate(zip(b["scene"], b["window"].tolist(), strict=True)):
+            np.testing.assert_array_equal(b["image"][i].numpy(), expected_window(synth_lake[sid[-1]], *w))
+    m = ds.metrics()
+    meeting = sum(r.n_chunks for r in ds.regions if r is not None)
+    assert m.chunks_decoded == ds.plan(0).chunks.shape[0] <= meeting
+    plan_chunks = {(int(s), int(c)) for s, c in ds.plan(0).chunks}
+    for s, c in plan_chunks:  # every chunk read meets the area
+        g = ds.grids[s]
+        assert ds.regions[s] is not None
+        assert ds.regions[s].chunks[c // g.n_cols, c % g.n_cols]
+    whole = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=8, labels="none"), spectral=RAW,
+                        plan=PlanSpec(batch_size=32), prefer=("cog",))
+    list(whole)
+    assert whole.metrics().chunks_decoded > 2 * m.chunks_decoded
+    assert whole.metrics().bytes_fetched > 2 * m.bytes_fetched
+
+
+def test_from_search_is_one_call_from_a_bbox_to_area_limited_batches(synth_lake: dict[str, Any]) -> None:
+    aoi = area((70, 190), (40, 150))
+    ds = CubeDataset.from_search(synth_lake["lake"], bbox=aoi.bounds, sampling=Sampling(size=16, stride=8, labels="none"),
+                                 spectral=RAW, plan=PlanSpec(batch_size=32))
+    direct = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=8, labels="none"), spectral=RAW,
+                         plan=PlanSpec(batch_size=32), aoi=aoi)
+    assert sorted(served(list(ds))) == sorted(served(list(direct)))
+    far = (0.0, 0.0, 0.1, 0.1)
+    with pytest.raises(ProductError, match="found no scene"):
+        CubeDataset.from_search(synth_lake["lake"], bbox=far)
+    from cubelake.catalog import Query
+
+    with pytest.raises(TypeError, match="not both"):
+        CubeDataset.from_search(synth_lake["lake"], Query(bbox=aoi.bounds), ids=["scene_a"])
+
+
+def test_curriculum_serves_the_core_first_then_all_and_keeps_its_guarantees(synth_lake: dict[str, Any]) -> None:
+    # scene_a has a nodata corner and a nodata chunk: its quality (valid share) is below scene_b's 1.0
+    def make() -> CubeDataset:
+        return CubeDataset.from_search(synth_lake["lake"], core_filters=["cubelake:quality>=0.99"], core_epochs=2,
+                                       sampling=Sampling(size=32, stride=24, labels="none"), spectral=RAW,
+                                       plan=PlanSpec(seed=5, batch_size=8))
+
+    ds = make()
+    stage1 = served(list(ds))
+    assert {s for s, _, _ in stage1} == {"scene_b"}
+    assert ds.metrics().stage == 1
+    assert ds.metrics().redecodes == 0
+    assert ds.metrics().chunks_decoded == ds.plan(0).chunks.shape[0]
+    list(ds)  # epoch 1: still the core
+    assert ds.metrics().stage == 1
+    stage2 = served(list(ds))  # epoch 2: everything
+    assert {s for s, _, _ in stage2} == {"scene_a", "scene_b"}
+    assert ds.metrics().stage == 2
+    assert len(stage2) > len(stage1)
+    # resume in stage 1: the rest of the epoch, no repeats
+    ds = make()
+    first = []
+    for i, b in enumerate(ds):
+        first.append(b)
+        if i == 2:
+            state = ds.state_dict(b)
+            break
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert served(first) + served(list(resumed)) == stage1
+    with pytest.raises(ValueError, match="core holds none"):
+        Curriculum(1, frozenset({"nope"})).filter(ds.table(5), ["scene_a", "scene_b"], 0)
+    with pytest.raises(ValueError, match="core_epochs"):
+        Curriculum(-1)
+
+
+def test_region_balance_downsamples_hot_cells_and_weights_sparse_ones(synth_lake: dict[str, Any]) -> None:
+    bal = RegionBalance(precision=5, alpha=0.5)
+    ds = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=16, labels="none"), spectral=RAW,
+                     plan=PlanSpec(seed=2, batch_size=64), balance=bal)
+    et = ds.epoch_table(0)
+    full = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=16, labels="none"), spectral=RAW)
+    base = full.table(0)
+    cells = np.array([encode(*lonlat(r + 8.5, c + 8.5), precision=5) for r, c in base.rows[:, 1:]])
+    names, counts = np.unique(cells, return_counts=True)
+    before = dict(zip(names.tolist(), counts.tolist(), strict=True))
+    regions = et.region_counts()
+    assert {k: v[0] for k, v in regions.items()} == before
+    assert sum(v[1] for v in regions.values()) == len(et.table) < len(base)
+    batches = list(ds)
+    m = ds.metrics()
+    assert (m.regions, m.region_samples_before, m.region_samples_after) == (len(before), len(base), len(et.table))
+    top = max(counts)
+    for b in batches:
+        for sid, w, wt in zip(b["scene"], b["window"].tolist(), b["weight"].tolist(), strict=True):
+            n = before[encode(*lonlat(w[0] + 8.5, w[1] + 8.5), precision=5)]
+            assert wt == pytest.approx(1 + 0.5 * (1 - n / top), rel=1e-6), (sid, w)
+    assert sum(len(b["scene"]) for b in batches) == len(et.table)
+    assert ds.epoch_table(1).table.rows.tolist() != et.table.rows.tolist()  # drawn anew each epoch

@@ -1,0 +1,70 @@
+"""The core geohash module: the vectorised encoder against the scalar one, and the catalog's re-export."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cubelake.catalog.geohash as catalog_geohash
+from cubelake import geohash
+from cubelake.geohash import BASE32, cell_bounds, encode, encode_many
+
+
+def _edge_points(precision: int) -> tuple[np.ndarray, np.ndarray]:
+    """The world's corners, exact cell edges at ``precision`` and the floats just below and above them."""
+    bits = 5 * precision
+    lon_edges = -180.0 + 360.0 * np.arange(0, 2 ** ((bits + 1) // 2) + 1, max(1, 2 ** ((bits + 1) // 2) // 64)) / 2 ** ((bits + 1) // 2)
+    lat_edges = -90.0 + 180.0 * np.arange(0, 2 ** (bits // 2) + 1, max(1, 2 ** (bits // 2) // 64)) / 2 ** (bits // 2)
+    lon = np.concatenate([lon_edges, np.nextafter(lon_edges, -np.inf), np.nextafter(lon_edges, np.inf)])
+    lat = np.concatenate([lat_edges, np.nextafter(lat_edges, np.inf), np.nextafter(lat_edges, -np.inf)])
+    k = max(lon.size, lat.size)
+    lon, lat = np.resize(lon, k), np.resize(lat[::-1], k)
+    corners = np.array([[180, 90], [-180, -90], [180, -90], [-180, 90], [0, 0], [-1e-300, -1e-300], [1e-300, 1e-300],
+                        [179.99999999999997, 89.99999999999999], [-0.000001, -0.000001]])
+    return np.concatenate([lon, corners[:, 0]]), np.concatenate([lat, corners[:, 1]])
+
+
+@pytest.mark.parametrize("precision", range(1, 13))
+def test_encode_many_equals_encode_on_random_and_edge_points(precision: int) -> None:
+    rng = np.random.default_rng(precision)
+    lon = np.concatenate([rng.uniform(-180, 180, 3000), _edge_points(precision)[0]])
+    lat = np.concatenate([rng.uniform(-90, 90, 3000), _edge_points(precision)[1]])
+    got = encode_many(lon, lat, precision)
+    assert got.dtype == np.dtype(f"<U{precision}")
+    want = [encode(float(x), float(y), precision) for x, y in zip(lon, lat, strict=True)]
+    assert got.tolist() == want
+    # and every point lies in its cell (edges belong to the cell above/right, the world's top/right edge inside)
+    for x, y, c in zip(lon[:200], lat[:200], got[:200], strict=True):
+        w, s, e, n = cell_bounds(str(c))
+        assert w <= x <= e
+        assert s <= y <= n
+
+
+def test_encode_many_keeps_shape_and_clamps_out_of_range_like_encode() -> None:
+    lon = np.array([[10.40744, -0.1278], [200.0, -500.0]])  # Jutland and London (known cells), beyond the world
+    lat = np.array([[57.64911, 51.5074], [95.0, -91.0]])
+    got = encode_many(lon, lat)
+    assert got.shape == (2, 2)
+    assert got.tolist() == [["u4pruy", "gcpvj0"], ["zzzzzz", "000000"]]
+    assert got.tolist() == [[encode(float(x), float(y)) for x, y in zip(r, q, strict=True)] for r, q in zip(lon, lat, strict=True)]
+    assert encode_many(np.array([np.inf]), np.array([-np.inf]), 3).tolist() == [encode(np.inf, -np.inf, 3)]
+    assert encode_many(np.zeros(0), np.zeros(0)).shape == (0,)
+    assert set("".join(encode_many(np.linspace(-180, 180, 999), np.linspace(-90, 90, 999), 4).tolist())) <= set(BASE32)
+
+
+@pytest.mark.parametrize(("lon", "lat", "precision", "match"), [
+    (np.zeros(3), np.zeros(3), 0, "integer from 1 to 12"),
+    (np.zeros(3), np.zeros(3), 13, "integer from 1 to 12"),
+    (np.zeros(3), np.zeros(3), True, "integer from 1 to 12"),
+    (np.zeros(3), np.zeros(2), 6, "same shape"),
+    (np.array([0.0, np.nan]), np.zeros(2), 6, "1 lon/lat values are NaN"),
+])
+def test_encode_many_refuses_bad_input(lon: np.ndarray, lat: np.ndarray, precision: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        encode_many(lon, lat, precision)
+
+
+def test_catalog_geohash_is_the_core_module_re_exported() -> None:
+    for name in [*catalog_geohash.__all__, "MAX_CELLS", "intersects_cells"]:
+        assert getattr(catalog_geohash, name) is getattr(geohash, name)
+    assert catalog_geohash.__all__ == ["BASE32", "cell_bounds", "cover", "encode", "expand", "parse_prefix"]
