@@ -11,7 +11,10 @@ Order of the steps, each optional:
    downsampled for the epoch with ``p = 1 / (1 + log1p(n_cell))`` (or a given function), seeded by
    ``(seed, epoch)``, and every kept sample gets ``weight = 1 + alpha * (1 - n_cell / max n_cell)``.
 
-The cells also drive ``PlanSpec(shard_by="geohash")``. Every step is a function of ``(seed, epoch)``,
+``PlanSpec(shard_by="geohash")`` shards by the geohash cell of the *chunk* holding each window's centre
+(:func:`chunk_cells`): all windows centred in one chunk go to one rank, so two ranks share a chunk only
+where a window straddles a chunk border, as with whole scenes; cells of a window's own centre would
+cut chunks wherever a cell border crosses one. Every step is a function of ``(seed, epoch)``,
 so all ranks and workers build the same table without talking, and a resumed epoch is the same epoch.
 """
 
@@ -26,7 +29,7 @@ from . import geo
 from .plan import COL, ROW, SCENE, SampleTable
 from .samplers import Curriculum, Region, Sampler, SceneView, WindowRule, restrict
 
-__all__ = ["EpochTable", "RegionBalance", "TableBuilder", "centre_labels"]
+__all__ = ["EpochTable", "RegionBalance", "TableBuilder", "centre_labels", "chunk_cells"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,20 @@ def centre_labels(table: SampleTable, labels: Sequence[np.ndarray | None]) -> np
     return out
 
 
+def chunk_cells(table: SampleTable, scenes: Sequence[SceneView], georefs: Sequence[geo.Georef | None],
+                precision: int) -> np.ndarray:
+    """The geohash cell of the centre of the chunk that holds each window's centre pixel."""
+    rows = np.empty_like(table.rows)
+    rows[:, SCENE] = table.rows[:, SCENE]
+    for sc in scenes:
+        m = table.rows[:, SCENE] == sc.index
+        g = sc.grid
+        for ax, col, n, step in ((0, ROW, g.height, g.chunk_y), (1, COL, g.width, g.chunk_x)):
+            start = np.clip(table.rows[m, col] + table.size[ax] // 2, 0, n - 1) // step * step
+            rows[m, col] = start + (np.minimum(step, n - start) - 1) // 2
+    return geo.sample_cells(SampleTable((1, 1), rows, table.labels), georefs, precision)
+
+
 @dataclass
 class TableBuilder:
     """Builds :class:`EpochTable` s for a dataset's scenes (cached: the last epoch, and the base table when
@@ -139,7 +156,7 @@ class TableBuilder:
         weight = np.ones(len(table), np.float32)
         bal = self.balance
         if bal is None:
-            cells = geo.sample_cells(table, self.georefs, self.shard_precision) if self.shard_precision else None
+            cells = chunk_cells(table, self.scenes, self.georefs, self.shard_precision) if self.shard_precision else None
             return EpochTable(table, weight, cells)
         cells = geo.sample_cells(table, self.georefs, bal.precision)
         names, counts, inverse = geo.cell_counts(cells)
@@ -151,7 +168,6 @@ class TableBuilder:
             weight = geo.loss_weights(counts, inverse, bal.alpha).astype(np.float32)
         after = np.bincount(inverse[keep], minlength=names.size)
         idx = np.flatnonzero(keep)
-        table, weight, cells = table.take(idx), weight[idx], cells[idx]
-        if self.shard_precision and self.shard_precision != bal.precision:
-            cells = geo.sample_cells(table, self.georefs, self.shard_precision)
-        return EpochTable(table, weight, cells, regions=(names, counts, after))
+        table, weight = table.take(idx), weight[idx]
+        shard = chunk_cells(table, self.scenes, self.georefs, self.shard_precision) if self.shard_precision else None
+        return EpochTable(table, weight, shard, regions=(names, counts, after))

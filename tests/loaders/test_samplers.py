@@ -213,7 +213,7 @@ def test_region_balance_downsamples_hot_cells_and_weights_sparse_ones(synth_lake
     et = ds.epoch_table(0)
     full = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=16, labels="none"), spectral=RAW)
     base = full.table(0)
-    cells = np.array([encode(*lonlat(r + 8.5, c + 8.5), precision=5) for r, c in base.rows[:, 1:]])
+    cells = np.array([encode(*lonlat(r + 8, c + 8), precision=5) for r, c in base.rows[:, 1:]])  # the window's centre
     names, counts = np.unique(cells, return_counts=True)
     before = dict(zip(names.tolist(), counts.tolist(), strict=True))
     regions = et.region_counts()
@@ -225,7 +225,7 @@ def test_region_balance_downsamples_hot_cells_and_weights_sparse_ones(synth_lake
     top = max(counts)
     for b in batches:
         for sid, w, wt in zip(b["scene"], b["window"].tolist(), b["weight"].tolist(), strict=True):
-            n = before[encode(*lonlat(w[0] + 8.5, w[1] + 8.5), precision=5)]
+            n = before[encode(*lonlat(w[0] + 8, w[1] + 8), precision=5)]
             assert wt == pytest.approx(1 + 0.5 * (1 - n / top), rel=1e-6), (sid, w)
     assert sum(len(b["scene"]) for b in batches) == len(et.table)
     assert ds.epoch_table(1).table.rows.tolist() != et.table.rows.tolist()  # drawn anew each epoch
