@@ -20,9 +20,21 @@ from .errors import CubelakeError
 if TYPE_CHECKING:  # the record (pydantic, numpy) is imported when a scene folder is opened, not by 'import cubelake'
     from .record import ProductInfo
 
-__all__ = ["open_dataset", "scene_product"]
+__all__ = ["AUX_PREFIX", "aux_array_name", "aux_cog_name", "open_dataset", "scene_product"]
 
 _SPECTRAL_COORDS = ("wavelength", "fwhm")
+#: Aux layers (rasters warped onto the scene grid) are ``aux_<name>`` arrays next to ``data`` in the Zarr.
+AUX_PREFIX = "aux_"
+
+
+def aux_array_name(name: str) -> str:
+    """The Zarr array (a data variable in xarray) of the aux layer ``name``."""
+    return f"{AUX_PREFIX}{name}"
+
+
+def aux_cog_name(scene_id: str, name: str) -> str:
+    """The file name, in the scene folder, of the aux layer ``name``'s COG."""
+    return f"{scene_id}.{AUX_PREFIX}{name}.tif"
 
 
 def scene_product(folder: Path, products: Mapping[str, ProductInfo], prefer: Sequence[str]) -> tuple[str, Path] | None:

@@ -32,10 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import CorruptRecordError, RecordVersionError
 
 __all__ = [
+    "AUX_NAME_RE",
+    "AUX_RESERVED_NAMES",
     "MAX_RECORD_BYTES",
     "SCENE_RECORD_FILE",
     "SCENE_RECORD_VERSION",
     "Acquisition",
+    "AuxCandidate",
+    "AuxLayer",
     "Band",
     "BuildSettings",
     "Calibration",
@@ -65,6 +69,10 @@ MAX_RECORD_BYTES = 64 * 1024**2
 Number = int | float
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+#: An aux layer's name (stored as ``aux_<name>``): lower-case letters, digits and ``_``.
+AUX_NAME_RE = re.compile(r"[a-z0-9_]{1,32}")
+#: Names an aux layer cannot take: the cube's own arrays.
+AUX_RESERVED_NAMES = frozenset({"data", "labels"})
 
 
 def json_safe(value: Any) -> Any:
@@ -250,6 +258,55 @@ class Labels(_Part):
         return _relative_name(v, "label raster")
 
 
+class AuxCandidate(_Part):
+    """A candidate raster of an aux layer that was passed over for this scene, and why (``code``: report code)."""
+
+    path: str
+    code: str | None = None
+    reason: str | None = None
+
+
+class AuxLayer(_Part):
+    """An auxiliary raster warped onto the scene's grid.
+
+    Stored as ``zarr_array`` (``aux_<name>``, dims ``(y, x)``, or ``(aux_<name>_band, y, x)`` when
+    ``bands`` > 1, chunked like the cube) in the scene's Zarr and as the COG ``cog`` beside it.
+    ``source``: the raster used; ``source_crs``: its CRS (WKT); ``time_delta_s``: its acquisition
+    minus the scene's (s; 0 when they overlap, ``None`` when undated); ``valid_fraction``: share of
+    the scene's pixels with a value; ``fill_value``: stored nodata ("NaN" for NaN); ``classes``: the
+    values of a categorical layer.
+    """
+
+    name: str
+    kind: str
+    resampling: str
+    source: str
+    source_crs: str | None = None
+    source_datetime: str | None = None
+    time_delta_s: Number | None = None
+    valid_fraction: Number | None = None
+    dtype: str | None = None
+    fill_value: Number | str | None = None
+    bands: int = 1
+    band_names: list[str] | None = None
+    classes: list[Number] | None = None
+    zarr_array: str | None = None
+    cog: str | None = None
+    candidates_rejected: list[AuxCandidate] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _aux_name(cls, v: str) -> str:
+        if not AUX_NAME_RE.fullmatch(v) or v in AUX_RESERVED_NAMES:
+            raise ValueError(f"{v!r} is not an aux layer name (1-32 of a-z, 0-9, _; not data or labels)")
+        return v
+
+    @field_validator("cog")
+    @classmethod
+    def _inside(cls, v: str | None) -> str | None:
+        return _relative_name(v, "aux raster")
+
+
 class RecordIssue(_Part):
     """A validation issue as the report writes it."""
 
@@ -289,6 +346,7 @@ class SceneRecord(_Part):
     encoding: Encoding = Field(default_factory=Encoding)
     products: dict[str, ProductInfo] = Field(default_factory=dict)
     labels: Labels | None = None
+    aux: list[AuxLayer] = Field(default_factory=list)  # absent from records without aux layers
     validation: ValidationSummary = Field(default_factory=ValidationSummary)
 
     @field_validator("scene_id")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from cubelake.cube import CFEncoder
 
+from .align import AuxSpec
 from .calibrate import BandSelection, CalibrationPlan, LinearCoder
 from .pipeline import (
     PRODUCTS,
@@ -32,6 +33,7 @@ from .zarr_writer import ZarrCodecSpec
 
 __all__ = [
     "PRODUCTS",
+    "AuxSpec",
     "BandSelection",
     "CFEncoder",
     "CalibrationPlan",

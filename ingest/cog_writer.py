@@ -43,7 +43,7 @@ from cubelake.grid import ChunkGrid, Window
 from .sources import BandInfo
 from .spectral import parse_wavelength_text
 
-__all__ = ["CogSettings", "CogSink", "dataset_tags", "to_pixel_interleaved"]
+__all__ = ["CogSettings", "CogSink", "dataset_tags", "layer_sink", "to_pixel_interleaved"]
 
 #: TIFF tags GDAL uses for georeferencing and metadata, copied from the template.
 _GEO_TAGS = (33550, 33922, 34264, 34735, 34736, 34737, 42112, 42113)
@@ -283,3 +283,13 @@ class CogSink:
 def dataset_tags(record: dict[str, Any]) -> dict[str, str]:
     """cubelake's record as GeoTIFF dataset tags (JSON values), readable with gdalinfo."""
     return {f"CUBELAKE_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
+
+
+def layer_sink(target: Path, *, shape: tuple[int, int, int], dtype: str, fill: float | None,
+               transform: tuple[float, float, float, float, float, float] | None, crs_wkt: str | None,
+               band_names: Sequence[str], tags: dict[str, str], chunk: int) -> CogSink:
+    """The COG sink of a layer stored beside the cube (labels, aux rasters): ``shape`` ``(band, y, x)``, tiles =
+    the cube's chunks, nodata ``fill`` (``None``: none), band descriptions ``band_names``, dataset ``tags``."""
+    return CogSink(target, shape=shape, encoding=CFEncoder(dtype, fill_value=fill), transform=transform,
+                   crs_wkt=crs_wkt, bands=[BandInfo(i, n) for i, n in enumerate(band_names, start=1)], tags=tags,
+                   settings=CogSettings(chunk=chunk))

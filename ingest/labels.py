@@ -18,14 +18,13 @@ import numpy as np
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
-from cubelake.cube import CFEncoder
 from cubelake.errors import CubelakeError
 from cubelake.grid import Window
 from cubelake.record import Labels
 
-from .cog_writer import CogSettings, CogSink
+from .cog_writer import layer_sink
 from .report import Code, Issue, error
-from .sources import BandInfo, RasterSource
+from .sources import RasterSource
 from .sources.matlab import find_label_map, is_mat_v73
 
 __all__ = ["LabelPlan", "plan_labels", "read_label_file", "write_labels"]
@@ -130,12 +129,9 @@ def write_labels(plan: LabelPlan, staged: Path, scene_id: str, chunk: int, zarr_
         info["zarr_array"] = "labels"
     if cog:
         target = staged / f"{scene_id}.labels.tif"
-        sink = CogSink(
-            target, shape=(1, *arr.shape),
-            encoding=CFEncoder(plan.dtype), transform=transform, crs_wkt=crs_wkt,
-            bands=[BandInfo(1, "labels")], tags={"CUBELAKE_LABELS_SOURCE": plan.source},
-            settings=CogSettings(chunk=chunk),
-        )
+        sink = layer_sink(target, shape=(1, *arr.shape), dtype=plan.dtype, fill=None, transform=transform,
+                          crs_wkt=crs_wkt, band_names=["labels"], tags={"CUBELAKE_LABELS_SOURCE": plan.source},
+                          chunk=chunk)
         sink.write(Window(0, 0, arr.shape[0], arr.shape[1]), arr[None])
         sink.finish()
         info["cog"] = target.name

@@ -47,6 +47,7 @@ from cubelake.record import (
     SCENE_RECORD_FILE,
     SCENE_RECORD_VERSION,
     Acquisition,
+    AuxLayer,
     Band,
     BuildSettings,
     Calibration,
@@ -70,6 +71,17 @@ from cubelake.refs.layout import TiffLayout, read_layout
 from cubelake.storage import join_url, url_of_gdal_path
 
 from .acqtime import AcquisitionTime, acquisition_time
+from .align import (
+    AuxError,
+    AuxOutcome,
+    AuxPlan,
+    AuxSpec,
+    LayerTarget,
+    aligned,
+    not_aligned,
+    plan_aux,
+    write_aux,
+)
 from .cog_writer import CogSettings, CogSink, dataset_tags
 from .footprint import ValidMask, footprint_from_mask
 from .identity import (
@@ -146,11 +158,16 @@ class IngestOptions:
     gdal_cache_bytes: int = 256 * 1024**2
     force: bool = False
     refs_format: Literal["auto", "json", "parquet"] = "auto"
+    aux: tuple[AuxSpec, ...] = ()  # rasters on other grids, warped onto each scene's grid (cubelake.ingest.align)
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.products if p not in PRODUCTS]
         if unknown or not self.products:
             raise ValueError(f"products must be a non-empty subset of {PRODUCTS}, got {list(self.products)}")
+        object.__setattr__(self, "aux", tuple(self.aux))  # a list is accepted
+        names = [a.name for a in self.aux]
+        if len(set(names)) != len(names):
+            raise ValueError(f"aux layer names must be unique, got {names}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +189,7 @@ class IngestResult:
     message: str
     products: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    aux: list[AuxOutcome] = field(default_factory=list)  # each aux layer: aligned, or why not
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,6 +201,7 @@ class IngestResult:
             "seconds": round(self.seconds, 3),
             "errors": [i.to_dict() for i in self.report.errors],
             "warnings": [i.to_dict() for i in self.report.warnings],
+            **({"aux": [a.to_dict() for a in self.aux]} if self.aux else {}),
         }
 
 
@@ -214,6 +233,8 @@ class _Opened:
     report: ValidationReport
     plan: ScenePlan | None = None
     labels: LabelPlan | None = None
+    aux: list[AuxPlan] = field(default_factory=list)  # the aux layers to warp
+    aux_failed: list[AuxOutcome] = field(default_factory=list)  # those that cannot be aligned (warned)
 
 
 def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
@@ -259,7 +280,19 @@ def _open_and_check(inp: SceneInput, options: IngestOptions) -> _Opened:
     if label_src is not None or getattr(source, "labels", None) is not None:
         labels, lab_issues = plan_labels(source, label_src)
         report.extend(lab_issues)
-    return _Opened(source, report, plan, labels)
+    opened = _Opened(source, report, plan, labels)
+    if options.aux and report.ok:
+        _plan_scene_aux(opened, inp, profile, options)
+    return opened
+
+
+def _plan_scene_aux(opened: _Opened, inp: SceneInput, profile: SensorProfile, options: IngestOptions) -> None:
+    """Choose each aux layer's raster for this scene; a layer that cannot be aligned is a warning."""
+    assert opened.source is not None
+    meta = opened.source.meta
+    acq = acquisition_time(meta.datetime, str(inp.path), profile.time, datetime.now(UTC))
+    opened.aux, opened.aux_failed = plan_aux(options.aux, meta, acq, options.limits)
+    opened.report.extend(i for i in (o.issue() for o in opened.aux_failed) if i is not None)
 
 
 def _source_options(options: IngestOptions) -> SourceOptions:
@@ -341,8 +374,8 @@ def validate(paths: Sequence[str | Path], options: IngestOptions | None = None,
     return list(iter_validate(paths, options, progress))
 
 
-def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
-    return {
+def _settings(plan: ScenePlan, options: IngestOptions, aux: Sequence[AuxPlan] = ()) -> dict[str, Any]:
+    settings = {
         "profile": plan.profile.config_dict(),
         "products": sorted(options.products),
         "chunk": plan.chunk,
@@ -350,6 +383,10 @@ def _settings(plan: ScenePlan, options: IngestOptions) -> dict[str, Any]:
         "zarr_codec": dataclasses.asdict(options.zarr_codec),
         "calibration": plan.calibration.to_dict(),
     }
+    if options.aux:  # only then: a lake ingested without aux layers keeps its config hashes
+        taken = {a.spec.name: a.settings() for a in aux}
+        settings["aux"] = [taken.get(s.name, {**s.settings(), "source": None}) for s in options.aux]
+    return settings
 
 
 def _keeping_products(options: IngestOptions, previous: SceneRecord | None) -> IngestOptions:
@@ -491,7 +528,7 @@ def _build_or_skip(inp: SceneInput, lake: AnyLake, scene_id: str, opened: _Opene
     """Build the scene's products, unless the published version has the same content and settings."""
     assert opened.plan is not None
     assert opened.source is not None
-    settings = _settings(opened.plan, options)
+    settings = _settings(opened.plan, options, opened.aux)
     cfg_hash = config_hash(settings)
     ctx = _BuildContext(inp, lake, scene_id, opened, options, settings, cfg_hash, t0, emit)
     meta = opened.source.meta
@@ -718,15 +755,16 @@ def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None
         if refs_plan is not None:
             products["refs"], refs_note = _write_scene_refs(ctx, staged, refs_plan, cube_spec)
         labels = _write_scene_labels(ctx, staged)
+        aux_layers, aux_outcomes = _write_scene_aux(ctx, staged)
         measured = _measure(ctx, result, valid_mask, hasher)
         if zarr is not None:
             products["zarr"] = _finish_scene_zarr(ctx, staged, measured)
-        record = _scene_record(ctx, measured, products, labels)
+        record = _scene_record(ctx, measured, products, labels, aux_layers)
         _write_records(staged, record, ctx.report)
         ctx.emit("publish")
         target = _publish(ctx.lake, staged, ctx.scene_id)
     ctx.emit("done")
-    return _ingested(ctx, record, target, refs_note)
+    return _ingested(ctx, record, target, refs_note, [*ctx.opened.aux_failed, *aux_outcomes])
 
 
 def _start_zarr(ctx: _BuildContext, staged: Path, cube_spec: CubeSpec) -> ZarrSink:
@@ -799,6 +837,39 @@ def _write_scene_labels(ctx: _BuildContext, staged: Path) -> Labels | None:
                         meta.crs_wkt, ctx.wants("cog"))
 
 
+def _write_scene_aux(ctx: _BuildContext, staged: Path) -> tuple[list[AuxLayer], list[AuxOutcome]]:
+    """Warp each planned aux layer into the Zarr and a COG beside it; one that fails is removed and warned."""
+    if not ctx.opened.aux:
+        return [], []
+    meta = ctx.meta
+    assert meta.transform is not None
+    assert meta.crs_wkt is not None
+    target = LayerTarget(staged, ctx.scene_id, ctx.staged_path(staged, ".zarr") if ctx.wants("zarr") else None,
+                         ctx.wants("cog") or not ctx.wants("zarr"), ctx.plan.chunk, meta.height, meta.width,
+                         meta.transform, meta.crs_wkt, ctx.options.zarr_codec)
+    layers: list[AuxLayer] = []
+    outcomes: list[AuxOutcome] = []
+    for i, plan in enumerate(ctx.opened.aux):
+        ctx.emit("aux", i, len(ctx.opened.aux))
+        try:
+            with rasterio.Env(GDAL_CACHEMAX=ctx.options.gdal_cache_bytes):
+                layer = write_aux(plan, target)
+        except AuxError as exc:
+            outcomes.append(not_aligned(plan.spec, exc))
+        except Exception as exc:  # GDAL/zarr errors on a damaged aux file: the layer is dropped, the scene goes on
+            if is_disk_full(exc):
+                raise
+            log.debug("aux %s of %s failed", plan.spec.name, ctx.scene_id, exc_info=True)
+            outcomes.append(not_aligned(plan.spec, AuxError(
+                Code.AUX_WARP_FAILED, f"warping {plan.source.path} failed ({type(exc).__name__}: {exc})")))
+        else:
+            layers.append(layer)
+            outcomes.append(aligned(plan, layer))
+            log.info("%s: %s", ctx.scene_id, outcomes[-1].message)
+    ctx.report.extend(i for i in (o.issue() for o in outcomes) if i is not None)
+    return layers, outcomes
+
+
 @dataclass(frozen=True, slots=True)
 class _Measured:
     """What the pixel pass and the source hash found."""
@@ -831,7 +902,7 @@ def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured) ->
 
 
 def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, ProductInfo],
-                  labels: Labels | None) -> SceneRecord:
+                  labels: Labels | None, aux: list[AuxLayer] | None = None) -> SceneRecord:
     """The scene's record (``scene.json``), every key given (absent parts are ``None``, not missing)."""
     plan, meta, cal = ctx.plan, ctx.meta, ctx.plan.calibration
     return SceneRecord(
@@ -858,6 +929,7 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
         encoding=Encoding.model_validate(cal.encoding.to_dict()),
         products=products,
         labels=labels,
+        **({"aux": aux} if aux else {}),
         validation=ValidationSummary(ok=True, warnings=[RecordIssue.model_validate(w.to_dict())
                                                         for w in ctx.report.warnings]),
     )
@@ -902,7 +974,8 @@ def _write_records(staged: Path, record: SceneRecord, report: ValidationReport) 
     atomic_write_text(staged / ITEM_FILE, item_json(item))
 
 
-def _ingested(ctx: _BuildContext, record: SceneRecord, target: Path | str, refs_note: str) -> IngestResult:
+def _ingested(ctx: _BuildContext, record: SceneRecord, target: Path | str, refs_note: str,
+              aux: list[AuxOutcome]) -> IngestResult:
     """The result of a published scene: its products (paths in the lake) and a one-line summary."""
     meta, cal = ctx.meta, ctx.plan.calibration
     return IngestResult(
@@ -911,6 +984,7 @@ def _ingested(ctx: _BuildContext, record: SceneRecord, target: Path | str, refs_
         f"{meta.height}x{meta.width}, {cal.encoding.dtype}) -> {target}{refs_note}",
         products={k: join_url(str(target), v.path) for k, v in record.products.items()},
         seconds=time.perf_counter() - ctx.t0,
+        aux=aux,
     )
 
 
@@ -938,8 +1012,14 @@ def _publish(lake: AnyLake, staged: Path, scene_id: str) -> Path | str:
 
 
 def iter_ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
-                progress: ProgressCallback | None = None, labels: str | Path | None = None) -> Iterator[IngestResult]:
-    """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes."""
+                progress: ProgressCallback | None = None, labels: str | Path | None = None,
+                aux: Sequence[AuxSpec] | None = None) -> Iterator[IngestResult]:
+    """Ingest every scene found under ``paths`` into ``lake``, yielding each scene's result as it finishes.
+
+    ``aux``: rasters on other grids to warp onto every scene's grid (replaces ``options.aux``).
+    """
+    if aux is not None:
+        options = dataclasses.replace(options or IngestOptions(), aux=tuple(aux))
     lk = prepare_lake(lake)
     for scene in discover(paths, labels=labels, skip=(lk.root,) if isinstance(lk, Lake) else ()):
         yield ingest_one(scene, lk, options, progress)
@@ -961,9 +1041,11 @@ def prepare_lake(lake: str | Path | AnyLake) -> AnyLake:
 
 
 def ingest(paths: Sequence[str | Path], lake: str | Path | AnyLake, options: IngestOptions | None = None,
-           progress: ProgressCallback | None = None, labels: str | Path | None = None) -> list[IngestResult]:
-    """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order."""
-    return list(iter_ingest(paths, lake, options, progress, labels))
+           progress: ProgressCallback | None = None, labels: str | Path | None = None,
+           aux: Sequence[AuxSpec] | None = None) -> list[IngestResult]:
+    """Ingest every scene found under ``paths`` into ``lake``; one result per scene, in order (``aux``: see
+    :func:`iter_ingest`)."""
+    return list(iter_ingest(paths, lake, options, progress, labels, aux))
 
 
 def ingest_one(scene: SceneInput, lake: AnyLake, options: IngestOptions | None = None,

@@ -60,6 +60,13 @@ class Code(StrEnum):
     CALIBRATION_SUSPECT = "calibration_suspect"
     BANDS_MISSING = "bands_missing"
     PROFILE_SUGGESTED = "profile_suggested"
+    # aux layers that could not be aligned (the scene is ingested without them)
+    AUX_NO_OVERLAP = "aux_no_overlap"
+    AUX_NOT_GEOREFERENCED = "aux_not_georeferenced"
+    AUX_NO_TIME_MATCH = "aux_no_time_match"
+    AUX_UNREADABLE = "aux_unreadable"
+    AUX_TOO_LARGE = "aux_too_large"
+    AUX_WARP_FAILED = "aux_warp_failed"
 
 
 @dataclass(frozen=True, slots=True)

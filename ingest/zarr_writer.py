@@ -21,7 +21,7 @@ import numpy as np
 from cubelake.cube import CubeSpec, dataset_template, fill_json
 from cubelake.grid import Window
 
-__all__ = ["ZarrCodecSpec", "ZarrSink", "create_zarr", "finish_zarr"]
+__all__ = ["ZarrCodecSpec", "ZarrSink", "add_layer", "create_zarr", "finish_zarr", "remove_layer", "update_layer_attrs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,36 @@ def create_zarr(
     if "labels" in enc:
         enc["labels"].update(chunks=(chunk, chunk), compressors=[codec.codec()])
     ds.to_zarr(str(path), mode="w-", zarr_format=3, compute=False, encoding=enc, consolidated=False)
+
+
+def add_layer(path: Path, name: str, *, dims: tuple[str, ...], shape: tuple[int, ...], chunks: tuple[int, ...],
+              dtype: str, fill: float, attrs: dict[str, Any], codec: ZarrCodecSpec) -> None:
+    """Add the (empty) array ``name`` to a store :func:`create_zarr` wrote, as xarray writes a data variable:
+    dimension names, CF ``_FillValue`` (also the array's fill value) and ``attrs``. Pixels come later."""
+    import dask.array as da
+    import xarray as xr
+
+    fill_value = int(fill) if np.dtype(dtype).kind in "iu" else fill_json(fill)
+    ds = xr.Dataset({name: (dims, da.zeros(shape, dtype=dtype, chunks=shape), attrs)})
+    enc = {name: {"dtype": dtype, "chunks": chunks, "_FillValue": fill_value, "fill_value": fill_value,
+                  "compressors": [codec.codec()]}}
+    ds.to_zarr(str(path), mode="a", zarr_format=3, compute=False, encoding=enc, consolidated=False)
+
+
+def update_layer_attrs(path: Path, name: str, attrs: dict[str, Any]) -> None:
+    """Add attributes known after an array's pixels were written."""
+    import zarr
+
+    zarr.open_array(str(path), path=name, mode="r+").attrs.update(attrs)
+
+
+def remove_layer(path: Path, name: str) -> None:
+    """Delete the array ``name`` (metadata and chunks) from the store, if it is there."""
+    import zarr
+
+    group = zarr.open_group(str(path), mode="r+")
+    if name in group:
+        del group[name]
 
 
 class ZarrSink:

@@ -12,6 +12,7 @@ from rich.console import Console
 from cubelake.errors import CubelakeError
 from cubelake.ingest import (
     PRODUCTS,
+    AuxSpec,
     IngestOptions,
     IngestResult,
     Limits,
@@ -22,6 +23,7 @@ from cubelake.ingest import (
     iter_validate,
     load_profile,
 )
+from cubelake.ingest.align import AuxError, aux_candidates, parse_aux_arg, parse_time_delta
 from cubelake.lake import open_lake, safe_scene_id
 
 from ._render import (
@@ -91,6 +93,30 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
     return dataclasses.replace(opts, workers=workers) if workers else opts
 
 
+def _aux_specs(values: list[str], max_time_delta: str | None) -> tuple[AuxSpec, ...]:
+    """The ``--aux NAME=PATH[:RESAMPLING][:KIND]`` options as specs: syntax, names and paths checked."""
+    try:
+        delta = parse_time_delta(max_time_delta) if max_time_delta is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--aux-max-time-delta") from None
+    if delta is not None and not values:
+        raise typer.BadParameter("given without any --aux layer", param_hint="--aux-max-time-delta")
+    specs: list[AuxSpec] = []
+    for text in values:
+        try:
+            spec = parse_aux_arg(text, delta)
+            aux_candidates(spec.path)  # a missing path or an empty folder/pattern is a usage error
+        except (ValueError, AuxError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--aux") from None
+        if not spec.several and not Path(spec.path).exists():
+            raise typer.BadParameter(f"{text!r}: {spec.path} does not exist", param_hint="--aux")
+        if spec.name in {s.name for s in specs}:
+            raise typer.BadParameter(f"{text!r}: the name {spec.name!r} is given twice; names must be unique",
+                                     param_hint="--aux")
+        specs.append(spec)
+    return tuple(specs)
+
+
 def _print_issues(console: Console, report: ValidationReport) -> None:
     for i in report.errors:
         console.print(f"    [red]error[/red]: {i.code.value}: {show(i.message)}")
@@ -108,6 +134,13 @@ def _render_result(out: Console, r: IngestResult) -> None:
     out.print(f"    {show(r.message)}")
     if r.outcome is not Outcome.UNCHANGED:
         _print_issues(out, r.report)
+    for a in r.aux:  # those not aligned are among the warnings above
+        if a.aligned:
+            out.print(f"    [green]aux[/green]: {show(a.message)}")
+            for c in a.rejected[:10]:
+                out.print(f"      [dim]passed over {show(c.path)}: {show(c.reason)}[/dim]")
+            if len(a.rejected) > 10:
+                out.print(f"      [dim]and {len(a.rejected) - 10} more candidate(s) (all in scene.json)[/dim]")
     out.file.flush()
 
 
@@ -125,6 +158,11 @@ def _render_summary(out: Console, results: list[IngestResult]) -> None:
         f"\n{len(results)} scene(s): {counts[Outcome.INGESTED]} ingested, {counts[Outcome.UNCHANGED]} unchanged, "
         f"{counts[Outcome.REJECTED]} rejected" + (f", {counts[Outcome.FAILED]} failed" if counts[Outcome.FAILED] else "")
     )
+    layers = [a for r in results for a in r.aux]
+    if layers:
+        done = sum(a.aligned for a in layers)
+        out.print(f"aux layers: {done} aligned, {len(layers) - done} not aligned (the scenes were published without "
+                  "those; see the warnings)" if done < len(layers) else f"aux layers: {done} aligned")
 
 
 def ingest_cmd(
@@ -140,6 +178,15 @@ def ingest_cmd(
     chunk: int | None = typer.Option(None, "--chunk", help="Spatial chunk = COG tile size, pixels (multiple of 16)."),
     shard: int | None = typer.Option(None, "--shard", help="Zarr shard side in chunks (sharding codec); default none."),
     labels: Path | None = typer.Option(None, "--labels", help="Label raster/MAT file for the scene (on its grid)."),
+    aux: list[str] = typer.Option([], "--aux", show_default=False,
+                                  help="NAME=PATH[:RESAMPLING][:KIND], repeatable: a raster on another grid (DSM, "
+                                       "other sensor, class map) warped onto each scene's grid, stored as aux_NAME. "
+                                       "PATH: a file, or a folder/glob of dated rasters (the nearest in time is "
+                                       "taken). RESAMPLING: bilinear (default), cubic, nearest; KIND: continuous "
+                                       "(default) or categorical (nearest)."),
+    aux_max_time_delta: str | None = typer.Option(
+        None, "--aux-max-time-delta",
+        help="Largest time between a scene and its aux raster, e.g. 3d, 12h (default: no limit)."),
     variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
     axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube (yxb, byx, ..., bp, pb)."),
     workers: int | None = typer.Option(None, "--workers", help="Threads for reading/compressing (default: CPUs)."),
@@ -155,6 +202,7 @@ def ingest_cmd(
     configure_output(verbose, quiet)
     opts = _options(profile, products, chunk, shard, workers, _limits(max_bytes, max_dimension, max_bands), variable,
                     axes, force, refs_format)
+    opts = dataclasses.replace(opts, aux=_aux_specs(aux, aux_max_time_delta))
     try:
         lk = open_lake(lake)
         lk.check_writable()
