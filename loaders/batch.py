@@ -65,9 +65,17 @@ class BatchCutter:
 
     def __init__(self, sources: Sequence[ChunkSource], bands: Sequence[np.ndarray | None], n_bands: int,
                  norm: Sequence[tuple[np.ndarray, np.ndarray] | None], sampling: Sampling,
-                 labels: Sequence[np.ndarray | None]) -> None:
+                 labels: Sequence[np.ndarray | None], aux: Sequence[str] = (),
+                 aux_sources: Sequence[ChunkSource] = ()) -> None:
         self.sources, self._bands, self.n_bands = list(sources), list(bands), n_bands
         self.sampling, self._labels = sampling, list(labels)
+        self.aux, self.aux_sources = tuple(aux), list(aux_sources)  # scene i's layer k: aux_sources[i * len(aux) + k]
+        bands_of = {name: {src.n_bands for src in self.aux_sources[k::len(aux)]} for k, name in enumerate(aux)}
+        for name, nb in bands_of.items():
+            if len(nb) > 1:
+                raise ValueError(f"aux layer {name!r} has different band counts in different scenes ({sorted(nb)}); "
+                                 "a batch needs one")
+        self._aux_bands = [next(iter(bands_of[name])) for name in aux]
         self._buffers = BufferPool()
         self._affine_params = self._affine(norm)
 
@@ -98,6 +106,8 @@ class BatchCutter:
         # windows are cast to float32 as they are copied out of the chunks: one pass, not two
         x = self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
         outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
+        aux_out = {name: np.full((n, nb, h, w), np.nan, np.float32) for name, nb in zip(self.aux, self._aux_bands, strict=True)}
+        sel = np.arange(n)  # the cut samples that end up in the batch
         keep = np.ones(n, bool)
         masked = np.zeros(n, bool)  # samples touching a chunk with nodata
         used = 0
@@ -132,14 +142,17 @@ class BatchCutter:
                 dst = x[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
                 dst[...] = part if bands is None else part[bands]
                 used += part.nbytes if bands is None else part.nbytes // part.shape[0] * bands.size
+                if aux_out:
+                    self._cut_aux(aux_out, i, s, key[1], reader, (ry0 - y0, ry1 - y0, rx0 - x0, rx1 - x0),
+                                  (ry0 - r, ry1 - r, rx0 - c, rx1 - c))
         if not keep.all():
-            x, idx, rows, masked = x[keep], idx[keep], rows[keep], masked[keep]
+            x, idx, rows, masked, sel = x[keep], idx[keep], rows[keep], masked[keep], sel[keep]
             outside = outside[keep] if outside is not None else None
         scenes = rows[:, SCENE]
         ok = self._fill_and_scale(x, scenes, masked, outside, spectral.fill)
         invalid = int((~ok).sum()) if ok is not None else 0
         if invalid:
-            x, idx, rows, scenes = x[ok], idx[ok], rows[ok], scenes[ok]
+            x, idx, rows, scenes, sel = x[ok], idx[ok], rows[ok], scenes[ok], sel[ok]
         proj = spectral.projection
         if proj is not None:
             x = proj.apply(x)
@@ -150,8 +163,29 @@ class BatchCutter:
         metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
-        return {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
-                "window": torch.from_numpy(window.astype(np.int64)), "weight": torch.from_numpy(et.weight[idx])}
+        out = {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
+               "window": torch.from_numpy(window.astype(np.int64)), "weight": torch.from_numpy(et.weight[idx])}
+        if aux_out:
+            out["aux"] = {name: torch.from_numpy(a if sel.size == n else a[sel]) for name, a in aux_out.items()}
+        return out
+
+    def _cut_aux(self, out: dict[str, np.ndarray], i: int, scene: int, chunk: int, reader: ChunkReader,
+                 src: tuple[int, int, int, int], dst: tuple[int, int, int, int]) -> None:
+        """Copy the part ``src`` (rows, cols in the chunk) of every aux layer's chunk into sample ``i``'s ``dst``,
+        in physical units (CF scale/offset applied), nodata as NaN. A layer chunk that failed stays NaN."""
+        na, n_main = len(self.aux), len(self.sources)
+        for k, name in enumerate(self.aux):
+            j = scene * na + k
+            arr = reader.get((n_main + j, chunk))
+            if arr is None:
+                continue
+            layer = self.aux_sources[j]
+            part = arr[:, src[0]:src[1], src[2]:src[3]].astype(np.float32)
+            if layer.fill_value is not None and not np.isnan(layer.fill_value):
+                part[arr[:, src[0]:src[1], src[2]:src[3]] == np.asarray(layer.fill_value).astype(arr.dtype)] = np.nan
+            if layer.scale != 1.0 or layer.add_offset != 0.0:
+                part = part * np.float32(layer.scale) + np.float32(layer.add_offset)
+            out[name][i, :, dst[0]:dst[1], dst[2]:dst[3]] = part
 
     def _fill_and_scale(self, x: np.ndarray, scenes: np.ndarray, masked: np.ndarray, outside: np.ndarray | None,
                         fill: float) -> np.ndarray | None:

@@ -45,7 +45,7 @@ from .samplers import (
     WindowRule,
     region_of,
 )
-from .sources import ChunkSource, ProductError, ProductLike, open_sources
+from .sources import ChunkSource, ProductError, ProductLike, open_aux, open_sources
 from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
 
 __all__ = ["CubeDataset", "Sampling"]
@@ -155,7 +155,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                  prefer: Sequence[str] = ("zarr", "refs", "cog"), labels: Sequence[str | Path | None] | None = None,
                  stats_chunks: int = 4, lake: str | Path | None = None, sampler: Sampler | None = None,
                  aoi: Any = None, aoi_rule: WindowRule = "center", curriculum: Curriculum | None = None,
-                 balance: RegionBalance | None = None) -> None:
+                 balance: RegionBalance | None = None, aux: Sequence[str] = ()) -> None:
         super().__init__()
         self.sampling = sampling or Sampling()
         self.sampler = sampler or self.sampling.sampler()
@@ -185,7 +185,13 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
         self._norm = self._normalisation(stats_chunks)
-        self._cutter = BatchCutter(self.sources, self._bands, self.n_bands, self._norm, self.sampling, self._labels)
+        self.aux = tuple(aux)
+        if len(set(self.aux)) != len(self.aux):
+            raise ValueError(f"aux layers named twice: {list(self.aux)}")
+        # aux layers are sources on their scene's grid, read by the same reader: source n + i * len(aux) + k
+        self._aux_sources = [open_aux(s, name) for s in self.sources for name in self.aux]
+        self._cutter = BatchCutter(self.sources, self._bands, self.n_bands, self._norm, self.sampling, self._labels,
+                                   self.aux, self._aux_sources)
         self.georefs = [geo.Georef.of(s.crs_wkt, s.transform) for s in self.sources]
         self.regions = self._regions(aoi) if aoi is not None else None
         self._tables = TableBuilder(
@@ -378,12 +384,20 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     # -- iteration ----------------------------------------------------------------------------------
 
+    def _with_aux(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``keys`` and the same chunks of their scenes' aux layers."""
+        na = len(self.aux)
+        if not na:
+            return keys
+        n = len(self.sources)
+        return keys + [(n + s * na + k, c) for s, c in keys for k in range(na)]
+
     def _get_reader(self, metrics: LoaderMetrics) -> ChunkReader:
         if self._reader is not None and self._reader.pid != os.getpid():
             self._reader = None  # forked into a DataLoader worker: the parent's threads did not come along
         if self._reader is None:
             disk = DiskCache(self.disk_cache) if self.disk_cache else None
-            self._reader = ChunkReader(self.sources, self.reader_config, metrics, disk)
+            self._reader = ChunkReader(self.sources + self._aux_sources, self.reader_config, metrics, disk)
         self._reader.new_epoch(metrics)
         return self._reader
 
@@ -511,7 +525,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             # chunks are in first-use order: those before need_end serve this batch
             while need_end < len(chunks) and plan.first_use[need_end] < hi:
                 need_end += 1
-            reader.request([chunks[k] for k in range(next_req, need_end) if plan.last_use[k] >= lo])
+            reader.request(self._with_aux([chunks[k] for k in range(next_req, need_end) if plan.last_use[k] >= lo]))
             next_req = max(next_req, need_end)
             # then keep up to `prefetch` chunks beyond them in flight or held (more when the adaptive reader
             # wants more requests in flight), as the budget allows
@@ -520,10 +534,11 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             while next_req < len(chunks) and next_req - need_end < depth and reader.has_room(chunks[next_req]):
                 ahead.append(chunks[next_req])
                 next_req += 1
-            reader.request(ahead)
+            reader.request(self._with_aux(ahead))
             batch = self._cutter.cut(plan, et, lo, hi, chunks, reader, metrics, self.spectral)
             while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
-                reader.release(chunks[by_last[next_rel]])
+                for key in self._with_aux([chunks[by_last[next_rel]]]):
+                    reader.release(key)
                 next_rel += 1
             batch.update(epoch=epoch, cursor=_delivery_position(nbatches, wid, b), worker=wid, num_workers=nw, world_size=world)
             metrics.batches += 1

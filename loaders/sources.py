@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from cubelake.errors import CubelakeError
-from cubelake.products import scene_product
+from cubelake.products import aux_array_name, aux_cog_name, scene_product
 from cubelake.storage import S3Options, error_line, is_transient, is_url, join_url, parent_url
 
 from .products import ChunkSource, Piece, ProductError, open_cog, open_refs, open_zarr
 from .products._base import _labels_tif, _scene_record
 
-__all__ = ["ChunkSource", "Piece", "ProductError", "ProductLike", "open_source", "open_sources"]
+__all__ = ["ChunkSource", "Piece", "ProductError", "ProductLike", "open_aux", "open_source", "open_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,28 @@ def _open_source(product: ProductLike, prefer: Sequence[str], storage_options: S
     return _with_labels(src, labels)
 
 
+def open_aux(src: ChunkSource, name: str) -> ChunkSource:
+    """The aux layer ``name`` of ``src``'s scene (``cubelake ingest --aux``), a source on the same grid: the
+    ``aux_<name>`` array of the scene's Zarr, or for refs and COGs the ``<id>.aux_<name>.tif`` beside them."""
+    if src.kind == "zarr":
+        aux = open_zarr(src.url, src.scene_id, src.storage_options, None, array=aux_array_name(name))
+    else:
+        url = join_url(parent_url(src.url), aux_cog_name(src.scene_id, name))
+        if not is_url(url) and not Path(url).is_file():
+            raise ProductError(f"{src.url}: scene {src.scene_id} has no aux layer {name!r} (no {Path(url).name} "
+                               "beside it); ingest the scene with --aux, or ask for a layer it has")
+        aux = open_cog(url, src.scene_id, src.storage_options, None, None)
+    g, a = src.grid, aux.grid
+    if (a.height, a.width, a.chunk_y, a.chunk_x) != (g.height, g.width, g.chunk_y, g.chunk_x):
+        raise ProductError(f"{aux.url}: aux layer {name!r} is not on the scene's chunk grid ({a} vs {g}); "
+                           "re-ingest the scene with --aux so the layer is written on its grid")
+    aux.open_args = {"aux_of": src.open_args, "aux": name}
+    return aux
+
+
 def _reopen(args: dict[str, Any], stats: dict[str, np.ndarray] | None) -> ChunkSource:
+    if "aux" in args:  # an aux layer: its scene's product, then the layer
+        return open_aux(_reopen(args["aux_of"], None), args["aux"])
     src = open_source(**args)
     src.stats = stats
     return src

@@ -24,7 +24,9 @@ def open_cog(url: str, scene_id: str, options: S3Options | None, record: SceneRe
     try:  # the references are read into memory on opening; the file is only their way in
         path = write_refs(refs, tmp / f"{scene_id}.refs.json", "json")
         root = parent_url(url)
-        return open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
+        src = open_refs(str(path), scene_id, options, record, [root], kind="cog", labels_path=labels_path)
+        src.url = url  # the COG, not the references' temporary file (messages, and what lies beside it)
+        return src
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

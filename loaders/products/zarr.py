@@ -70,7 +70,10 @@ def _v3_decoder(codecs: Sequence[Any], dtype: np.dtype[Any], shape: tuple[int, .
     return decode
 
 
-def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneRecord | None) -> ChunkSource:
+def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneRecord | None,
+              array: str = "data") -> ChunkSource:
+    """The store's ``array``: the cube ``data (band, y, x)``, or a layer on its grid (``aux_<name>``, ``(y, x)``
+    or ``(band, y, x)``; a 2-D layer is read as one band)."""
     import zarr
     from zarr.codecs import ShardingCodec
 
@@ -78,22 +81,31 @@ def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneR
     store = root.zarr_store()
     try:
         group: Any = zarr.open_group(store, mode="r")
-        arr: Any = group["data"]
+        arr: Any = group["data"] if array == "data" else None
     except (FileNotFoundError, KeyError) as e:
         raise ProductError(f"{url}: not a cubelake Zarr store (no 'data' array: {e}); give a <id>.zarr folder") from None
+    if arr is None:
+        if array not in group:
+            layers = sorted(k for k in group.array_keys() if k.startswith("aux_"))
+            raise ProductError(f"{url}: no array {array!r} in the store (aux layers there: {layers or 'none'}); "
+                               "ingest the scene with --aux, or ask for a layer it has")
+        arr = group[array]
     md: Any = arr.metadata
     if any(isinstance(c, ShardingCodec) for c in md.codecs):
         raise ProductError(f"{url}: sharded Zarr stores are not supported by the loader yet; "
                            "ingest with the default (unsharded) chunking, or load the scene's COG or refs instead")
-    if arr.ndim != 3:
-        raise ProductError(f"{url}: data has {arr.ndim} dimensions, expected (band, y, x)")
-    nb, h, w = arr.shape
-    cb, ch, cw = arr.chunks
+    if arr.ndim not in ((2, 3) if array != "data" else (3,)):
+        raise ProductError(f"{url}: {array} has {arr.ndim} dimensions, expected (band, y, x)")
+    flat = arr.ndim == 2
+    nb, h, w = (1, *arr.shape) if flat else arr.shape
+    cb, ch, cw = (1, *arr.chunks) if flat else arr.chunks
     dtype = np.dtype(arr.dtype).newbyteorder("=")
     attrs = dict(arr.attrs)
     scale, offset = _cf(attrs)
     fill = attrs.get("_FillValue", md.fill_value)
     fill_v = _fill(fill)
+    if fill_v is None and md.fill_value is not None:  # xarray writes a NaN _FillValue base64-encoded: the array's own
+        fill_v = float(md.fill_value)
     wl = np.asarray(group["wavelength"][:], float) if "wavelength" in group else None
     fw = np.asarray(group["fwhm"][:], float) if "fwhm" in group else None
     stats = _stats_from_bands(record.bands) if record is not None else None
@@ -103,8 +115,10 @@ def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneR
                  "std": np.array([np.nan if v is None else v for v in bs["std"]], float)}
     version = str(dict(group.attrs).get("cubelake:content_hash") or "")
     if not version and root.is_local:
-        version = str(root.local_path("data/zarr.json").stat().st_mtime_ns)
-    base = url.rstrip("/") + "/data/"
+        version = str(root.local_path(f"{array}/zarr.json").stat().st_mtime_ns)
+    elif array != "data":
+        version = f"{version}/{array}"
+    base = url.rstrip("/") + f"/{array}/"
     grid = ChunkGrid(h, w, ch, cw)
 
     stored: set[str] = set()
@@ -114,12 +128,12 @@ def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneR
         # zarr writes no object for an all-fill chunk; one listing tells which exist
         nonlocal listed
         if not listed:
-            stored.update(o.key.removeprefix("data/") for o in root.list("data"))
+            stored.update(o.key.removeprefix(f"{array}/") for o in root.list(array))
             listed = True
         return stored
 
     def locate(b: int, cy: int, cx: int) -> tuple[str, int, int] | None:
-        k = md.encode_chunk_key((b, cy, cx))
+        k = md.encode_chunk_key((cy, cx) if flat else (b, cy, cx))
         return (base + k, 0, -1) if k in stored_keys() else None
 
     def present() -> np.ndarray:
