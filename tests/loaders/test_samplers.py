@@ -229,3 +229,44 @@ def test_region_balance_downsamples_hot_cells_and_weights_sparse_ones(synth_lake
             assert wt == pytest.approx(1 + 0.5 * (1 - n / top), rel=1e-6), (sid, w)
     assert sum(len(b["scene"]) for b in batches) == len(et.table)
     assert ds.epoch_table(1).table.rows.tolist() != et.table.rows.tolist()  # drawn anew each epoch
+
+
+def test_geohash_ranks_get_whole_cells_balanced_and_report_shared_chunks(synth_lake: dict[str, Any]) -> None:
+    from cubelake.loaders import shard_report
+    from cubelake.loaders.epoch import chunk_cells
+
+    def make(rank: int) -> CubeDataset:
+        return CubeDataset(synth_lake["scenes"], sampling=Sampling(size=16, stride=12, labels="none"), spectral=RAW,
+                           plan=PlanSpec(seed=1, batch_size=64, shard_by="geohash", geohash_precision=6),
+                           rank=rank, world_size=3)
+
+    per_rank, cells_of = [], []
+    for rank in range(3):
+        ds = make(rank)
+        got = served(list(ds))
+        per_rank.append(got)
+        et = ds.epoch_table(0)
+        cell = dict(zip(map(tuple, et.table.rows.tolist()), et.cells.tolist(), strict=True))
+        sid = {s.scene_id: i for i, s in enumerate(ds.sources)}
+        cells_of.append({cell[(sid[s], r, c)] for s, r, c in got})
+        plan = ds.plan(0, rank=rank, world_size=3)
+        assert set(plan.cells) >= cells_of[-1]
+        assert ds.metrics().shared_chunks == plan.shared_chunks
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not cells_of[a] & cells_of[b]
+    assert len({len(g) for g in per_rank}) == 1  # every rank serves the same count
+    assert not set(per_rank[0]) & set(per_rank[1])
+    # the cell is the chunk's: every window centred in one chunk is served by one rank
+    ds = make(0)
+    table = ds.table(0)
+    cells = chunk_cells(table, ds._tables.scenes, ds.georefs, 6)
+    centre_chunk = {}
+    for (s, r, c), cell in zip(table.rows.tolist(), cells.tolist(), strict=True):
+        g = ds.grids[s]
+        key = (s, (r + 8) // g.chunk_y, (c + 8) // g.chunk_x)
+        assert centre_chunk.setdefault(key, cell) == cell
+    rep = shard_report(ds.grids, table, ds.plan_spec, 0, 3, cells=cells)
+    assert rep["max_min_samples"] <= 1.05
+    assert rep["cells_multi_rank"] == 0
+    assert 0 <= rep["chunks_multi_rank"] < rep["chunks"]
