@@ -32,6 +32,7 @@ from .batch import BatchCutter
 from .cache import DiskCache
 from .epoch import EpochTable, RegionBalance, TableBuilder
 from .metrics import LoaderMetrics
+from .normalise import normalisation
 from .plan import Edge, EpochPlan, PlanSpec, SampleTable, batch_count, plan_epoch
 from .reader import ChunkReader, ReaderConfig
 from .samplers import (
@@ -46,7 +47,7 @@ from .samplers import (
     region_of,
 )
 from .sources import ChunkSource, ProductError, ProductLike, open_aux, open_sources
-from .spectral import Projection, Spectral, band_stats, fit_pca, select_bands
+from .spectral import Projection, Spectral, fit_pca, select_bands
 
 __all__ = ["CubeDataset", "Sampling"]
 
@@ -184,7 +185,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                                "band axis: select a wavelength range every scene covers with the same bands")
         self.n_bands = next(iter(counts.values()))
         self._labels = self._load_labels()
-        self._norm = self._normalisation(stats_chunks)
+        self._norm = normalisation(self.sources, self._bands, self.spectral.normalize, self.reader_config, stats_chunks)
         self.aux = tuple(aux)
         if len(set(self.aux)) != len(self.aux):
             raise ValueError(f"aux layers named twice: {list(self.aux)}")
@@ -262,55 +263,6 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
                 raise ProductError(f"sampling mode 'labels' needs a label raster, and scenes {missing} have none; "
                                    "ingest with --labels, or pass labels=[...] on each scene's grid")
         return out
-
-    def _normalisation(self, stats_chunks: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        if self.spectral.normalize == "none":
-            return [None] * len(self.sources)
-        stats = []
-        for i, s in enumerate(self.sources):
-            st = s.stats
-            if st is None or not np.isfinite(st["mean"]).all() or not np.isfinite(st["std"]).all():
-                st = self._compute_stats(i, stats_chunks)
-                s.stats = st
-            b = self._bands[i]
-            m, sd = (st["mean"], st["std"]) if b is None else (st["mean"][b], st["std"][b])
-            stats.append((np.nan_to_num(m), np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)))
-        if self.spectral.normalize == "global":
-            n = np.array([s.grid.height * s.grid.width for s in self.sources], float)[:, None]
-            means = np.stack([m for m, _ in stats])
-            var = np.stack([sd**2 for _, sd in stats])
-            gm = (n * means).sum(0) / n.sum()
-            gv = (n * (var + (means - gm) ** 2)).sum(0) / n.sum()
-            stats = [(gm, np.sqrt(np.where(gv > 0, gv, 1.0)))] * len(self.sources)
-        return [(m.astype(np.float32), sd.astype(np.float32)) for m, sd in stats]
-
-    def _compute_stats(self, i: int, n_chunks: int) -> dict[str, np.ndarray]:
-        """Per-band physical mean/std from up to ``n_chunks`` stored chunks spread over the scene."""
-        src = self.sources[i]
-        valid = src.valid_chunks()
-        ids = np.flatnonzero(valid.ravel()) if valid is not None else np.arange(src.grid.n_chunks)
-        if ids.size == 0:
-            raise ProductError(f"{src.url}: no stored chunk to compute band statistics from (the scene is all nodata)")
-        pick = ids[np.linspace(0, ids.size - 1, min(n_chunks, ids.size)).round().astype(int)]
-        reader = ChunkReader([src], replace(self.reader_config, strict=True), LoaderMetrics())
-        try:
-            reader.request([(0, int(k)) for k in pick])
-            vals = []
-            for k in pick:
-                a = reader.get((0, int(k)))
-                assert a is not None  # strict mode raises instead
-                vals.append(a.reshape(a.shape[0], -1))
-        finally:
-            reader.close()
-        raw = np.concatenate(vals, axis=1)
-        ok = np.ones(raw.shape, bool) if src.fill_value is None else ~self._is_fill(raw, src.fill_value)
-        phys = raw.astype(np.float64) * src.scale + src.add_offset
-        log.info("%s: band statistics computed from %d chunks (none recorded at ingest)", src.url, len(pick))
-        return band_stats(phys, ok & np.isfinite(phys))
-
-    @staticmethod
-    def _is_fill(raw: np.ndarray, fill: float) -> np.ndarray:
-        return np.isnan(raw) if np.isnan(fill) else raw == np.asarray(fill).astype(raw.dtype)
 
     def _scene_views(self) -> list[SceneView]:
         return [SceneView(i, s.grid, s.valid_chunks(), self._labels[i]) for i, s in enumerate(self.sources)]
