@@ -219,4 +219,16 @@ class LoaderMetrics:
             f"  errors: {self.failed_chunks} chunks failed ({self.retries} retries, {self.throttled} throttled), "
             f"{self.dropped_samples} samples dropped, {self.invalid_samples} below min_valid; {self.hedges} hedged "
             f"requests ({self.hedge_wins} won)",
+            *self._geo_lines(),
         ])
+
+    def _geo_lines(self) -> list[str]:
+        lines = []
+        if self.regions:
+            kept = self.region_samples_after / self.region_samples_before if self.region_samples_before else 0.0
+            lines.append(f"  regions: {self.regions} geohash cells, {self.region_samples_before} samples before "
+                         f"downsampling, {self.region_samples_after} kept ({kept:.0%}); per cell: "
+                         "ds.epoch_table(epoch).region_counts()")
+        if self.stage or self.shared_chunks:
+            lines.append(f"  curriculum stage {self.stage or 2}; {self.shared_chunks} chunks also needed by another shard")
+        return lines

@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 import shapely
+import torch
 from pyproj import Transformer
-from shapely.geometry import box, mapping
+from shapely.geometry import box, mapping, shape
 from torch.utils.data import DataLoader
 
+from cubelake.catalog import LakeCatalog, Query
 from cubelake.geohash import encode
 from cubelake.grid import ChunkGrid
 from cubelake.loaders import CubeDataset, PlanSpec, ProductError, Sampling, Spectral
@@ -129,10 +131,10 @@ def test_an_area_limits_windows_and_only_chunks_meeting_it_are_read(synth_lake: 
                      plan=PlanSpec(batch_size=32), aoi=mapping(aoi), prefer=("cog",))
     batches = list(ds)
     got = served(batches)
-    for sid, shape, i in (("scene_a", (300, 260), 0), ("scene_b", (200, 330), 1)):
+    for sid, hw, i in (("scene_a", (300, 260), 0), ("scene_b", (200, 330), 1)):
         reg = ds.regions[i]
         assert reg is not None
-        want = _expected_aoi_windows(shape, aoi, 16, 8, reg.chunks)
+        want = _expected_aoi_windows(hw, aoi, 16, 8, reg.chunks)
         assert {(r, c) for s, r, c in got if s == sid} == want
         assert len(want) > 0
     assert len(got) == len(set(got)) == ds.n_samples()
@@ -164,8 +166,6 @@ def test_from_search_is_one_call_from_a_bbox_to_area_limited_batches(synth_lake:
     far = (0.0, 0.0, 0.1, 0.1)
     with pytest.raises(ProductError, match="found no scene"):
         CubeDataset.from_search(synth_lake["lake"], bbox=far)
-    from cubelake.catalog import Query
-
     with pytest.raises(TypeError, match="not both"):
         CubeDataset.from_search(synth_lake["lake"], Query(bbox=aoi.bounds), ids=["scene_a"])
 
@@ -222,6 +222,7 @@ def test_region_balance_downsamples_hot_cells_and_weights_sparse_ones(synth_lake
     batches = list(ds)
     m = ds.metrics()
     assert (m.regions, m.region_samples_before, m.region_samples_after) == (len(before), len(base), len(et.table))
+    assert f"regions: {len(before)} geohash cells, {len(base)} samples before downsampling, {len(et.table)} kept" in m.report()
     top = max(counts)
     for b in batches:
         for sid, w, wt in zip(b["scene"], b["window"].tolist(), b["weight"].tolist(), strict=True):
@@ -270,3 +271,31 @@ def test_geohash_ranks_get_whole_cells_balanced_and_report_shared_chunks(synth_l
     assert rep["max_min_samples"] <= 1.05
     assert rep["cells_multi_rank"] == 0
     assert 0 <= rep["chunks_multi_rank"] < rep["chunks"]
+
+
+def test_real_enmap_tiles_an_area_search_balance_and_geohash_shards(enmap_lake: dict[str, Any]) -> None:
+    """The four real EnMAP L2A tiles over Potsdam: a bbox over the western pair, checked against the items' footprints."""
+    with LakeCatalog(enmap_lake["lake"]) as cat:
+        items = {h.id: shape(h.geometry) for h in cat.search(Query())}
+    aoi = box(13.018, 52.407, 13.027, 52.421)
+    want_scenes = {sid for sid, fp in items.items() if fp.intersects(aoi)}
+    assert want_scenes == {"enmap_potsdam_tile_96_0", "enmap_potsdam_tile_96_32"}
+    ds = CubeDataset.from_search(enmap_lake["lake"], bbox=aoi.bounds, sampling=Sampling(size=5, stride=2, labels="none"),
+                                 plan=PlanSpec(batch_size=32, shard_by="geohash"), balance=RegionBalance(alpha=1.0))
+    assert {s.scene_id for s in ds.sources} == want_scenes
+    batches = list(ds)
+    assert {s for b in batches for s in b["scene"]} == want_scenes
+    for src, reg, g in zip(ds.sources, ds.regions, ds.georefs, strict=True):
+        assert reg is not None
+        assert g is not None
+        rc = np.array([w[:2] for b in batches for s, w in zip(b["scene"], b["window"].tolist(), strict=True)
+                       if s == src.scene_id])
+        lon, lat = g.to_lonlat(rc[:, 0] + 2, rc[:, 1] + 2)  # the centre pixel's centre
+        assert shapely.contains_xy(aoi.buffer(1e-9), lon, lat).all()
+    m = ds.metrics()
+    assert 0 < m.chunks_decoded <= sum(r.n_chunks for r in ds.regions if r is not None)
+    assert m.region_samples_after < m.region_samples_before
+    weights = torch.cat([b["weight"] for b in batches])
+    assert float(weights.min()) >= 1.0
+    assert float(weights.max()) <= 2.0
+
