@@ -14,12 +14,22 @@ import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from pyproj import CRS
 from shapely.geometry import shape
 
-from cubelake.record import Acquisition, Calibration, Footprint, Grid, ProductInfo, SceneRecord
+from cubelake.products import aux_array_name
+from cubelake.record import (
+    Acquisition,
+    AuxLayer,
+    Calibration,
+    Footprint,
+    Grid,
+    ProductInfo,
+    SceneRecord,
+)
 
 from . import geohash
 from .coverage import merged_coverage
@@ -29,6 +39,7 @@ from .schema import (
     AZIMUTHS,
     BANDS,
     CATALOG_ID,
+    CB_AUX_ARRAYS,
     CB_BAND_COUNT,
     CB_CALIBRATION,
     CB_CHUNK_SHAPE,
@@ -221,9 +232,13 @@ def used_extensions(obj: Any) -> list[str]:
 
 
 def item_bands(item: dict[str, Any]) -> list[dict[str, Any]]:
-    """The bands of an item's cube: those of its first data asset with ``bands``, else ``properties.bands``."""
+    """The bands of an item's cube: those of its first data asset with ``bands`` (aux layers are not the cube),
+    else ``properties.bands``."""
     for asset in (item.get("assets") or {}).values():
-        if isinstance(asset, dict) and "data" in (asset.get("roles") or []) and isinstance(asset.get(BANDS), list):
+        if not isinstance(asset, dict):
+            continue
+        roles = asset.get("roles") or []
+        if "data" in roles and "auxiliary" not in roles and isinstance(asset.get(BANDS), list):
             return list(asset[BANDS])
     bands = (item.get("properties") or {}).get(BANDS)
     return list(bands) if isinstance(bands, list) else []
@@ -265,6 +280,54 @@ def _source_asset(record: SceneRecord) -> dict[str, Any]:
     return source
 
 
+def _aux_time(text: str | None) -> dict[str, Any]:
+    """An aux raster's acquisition (``T`` or ``START/END``, UTC) as the asset's STAC 1.1 time fields."""
+    if not text:
+        return {}
+    start, sep, end = text.partition("/")
+    if sep:
+        return {"start_datetime": _time(start), "end_datetime": _time(end)}
+    return {"datetime": _time(text)}
+
+
+def _aux_asset(layer: AuxLayer, cog: str) -> dict[str, Any]:
+    """The COG of an aux layer (a raster warped onto the scene's grid, so the item's ``proj:`` fields hold).
+
+    STAC 1.1 fields where they fit (``data_type``, ``nodata``, ``statistics``, the source's acquisition as
+    ``datetime``, ``bands`` of a multi-band layer); the rest under the names the Zarr array's attributes use.
+    """
+    a: dict[str, Any] = {
+        "href": f"./{cog}", "type": ASSET_MEDIA_TYPES["cog"], "roles": ASSET_ROLES["aux"],
+        "title": f"auxiliary layer {layer.name} ({layer.kind}, {layer.resampling} from {PurePath(layer.source).name})",
+    }
+    if layer.dtype in DATA_TYPES:
+        a["data_type"] = layer.dtype
+    fill = layer.fill_value
+    if fill == "NaN":
+        a["nodata"] = "nan"
+    elif isinstance(fill, int | float) and math.isfinite(fill):
+        a["nodata"] = fill
+    if layer.valid_fraction is not None and layer.bands == 1:  # any band valid, for several: not STAC's meaning
+        a["statistics"] = {"valid_percent": round(100.0 * float(layer.valid_fraction), 4)}
+    a.update(_aux_time(layer.source_datetime))
+    if layer.bands > 1:
+        names = layer.band_names or []
+        a[BANDS] = [{"name": names[i] if i < len(names) and names[i] else f"band {i + 1}"} for i in range(layer.bands)]
+    a["cubelake:aux_name"] = layer.name
+    a["cubelake:kind"] = layer.kind
+    a["cubelake:resampling"] = layer.resampling
+    a["cubelake:source"] = layer.source
+    # floats always: one Arrow type per field across items (the geoparquet export)
+    for key, number in (("time_delta_s", layer.time_delta_s), ("valid_fraction", layer.valid_fraction)):
+        if number is not None:
+            a[f"cubelake:{key}"] = float(number)
+    if layer.classes:
+        a["cubelake:classes"] = layer.classes
+    if layer.zarr_array:
+        a["cubelake:zarr_array"] = layer.zarr_array
+    return a
+
+
 def _assets(record: SceneRecord) -> dict[str, dict[str, Any]]:
     assets = {"source": _source_asset(record)}
     chunk = record.grid.chunk_shape
@@ -284,6 +347,9 @@ def _assets(record: SceneRecord) -> dict[str, dict[str, Any]]:
         a[CB_CHUNK_SHAPE] = chunk
         if key == "zarr":
             a["cubelake:array"] = info.array or "data"
+            aux_arrays = [layer.zarr_array for layer in record.aux if layer.zarr_array]
+            if aux_arrays:
+                a[CB_AUX_ARRAYS] = aux_arrays
         if key == "refs":
             a["cubelake:in_place"] = info.in_place
             a["cubelake:refs_format"] = info.format
@@ -296,6 +362,9 @@ def _assets(record: SceneRecord) -> dict[str, dict[str, Any]]:
                             "title": "per-pixel class labels", "cubelake:classes": labels.classes}
         if labels.zarr_array:
             assets["labels"]["cubelake:zarr_array"] = labels.zarr_array
+    for layer in record.aux:
+        if layer.cog:
+            assets[aux_array_name(layer.name)] = _aux_asset(layer, layer.cog)
     assets["scene"] = {"href": "./scene.json", "type": "application/json", "roles": ASSET_ROLES["scene"],
                        "title": "cubelake scene record"}
     assets["validation"] = {"href": "./validation.json", "type": "application/json", "roles": ASSET_ROLES["validation"],

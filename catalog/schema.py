@@ -13,6 +13,7 @@ __all__ = [
     "AZIMUTHS",
     "BANDS",
     "CATALOG_ID",
+    "CB_AUX_ARRAYS",
     "CB_BAND_COUNT",
     "CB_CALIBRATION",
     "CB_CHUNK_SHAPE",
@@ -83,6 +84,7 @@ CB_BAND_COUNT: Final = "cubelake:band_count"
 CB_QUALITY: Final = "cubelake:quality"  # mean share of valid pixels over the kept bands, 0..1
 CB_DATETIME_SOURCE: Final = "cubelake:datetime_source"
 CB_TREE_CHECKSUM: Final = "cubelake:tree_checksum"  # multihash over a directory asset's files
+CB_AUX_ARRAYS: Final = "cubelake:aux_arrays"  # on the Zarr asset: its aux_<name> arrays beside "data"
 GEOHASH_PRECISION: Final = 6
 
 # properties the index keeps as real (indexed) columns: property name -> column
@@ -106,6 +108,9 @@ ASSET_ROLES: Final = {
     "zarr": ["data", "zarr"],
     "refs": ["data", "references"],
     "labels": ["labels"],
+    # an aux raster warped onto the scene grid: data, but not the cube (STAC roles are free text; the
+    # best practices list none for it). Readers of the cube's bands skip "auxiliary" assets.
+    "aux": ["data", "auxiliary"],
     "scene": ["metadata"],
     "validation": ["metadata", "validation"],
 }

@@ -18,7 +18,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -31,11 +31,12 @@ from pydantic import (
 )
 
 from cubelake.errors import ConfigError
+from cubelake.record import AUX_NAME_RE, AUX_RESERVED_NAMES
 from cubelake.storage import is_url
 from cubelake.yamlsafe import YamlLimits, load_yaml
 
-__all__ = ["MANIFEST_VERSION", "Filters", "IngestStep", "InputSpec", "Manifest", "Resources", "load_manifest",
-           "parse_size"]
+__all__ = ["MANIFEST_VERSION", "AuxEntry", "Filters", "IngestStep", "InputSpec", "Manifest", "Resources",
+           "load_manifest", "parse_size"]
 
 MANIFEST_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -78,6 +79,48 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AuxEntry(_Strict):
+    """An aux raster warped onto every scene's grid (``cubelake ingest --aux``; :class:`cubelake.ingest.AuxSpec`).
+
+    ``path``: a raster file, a folder of rasters or a glob pattern, relative to the manifest's folder.
+    ``resampling``: unset = ``nearest`` for categorical, ``bilinear`` for continuous layers.
+    ``max_time_delta``: seconds (or ``3d``, ``12h``) between scene and aux acquisition accepted; unset: any.
+    """
+
+    name: str
+    path: str
+    resampling: Literal["nearest", "bilinear", "cubic"] | None = None
+    kind: Literal["continuous", "categorical"] = "continuous"
+    max_time_delta: Seconds | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not AUX_NAME_RE.fullmatch(v):
+            raise ValueError(f"{v!r}: an aux name is 1-32 characters of a-z, 0-9 and _ (stored as aux_<name>)")
+        if v in AUX_RESERVED_NAMES:
+            raise ValueError(f"{v!r} is reserved (the cube's own arrays); choose another name")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("empty path; give a raster file, a folder of rasters or a glob pattern")
+        return v
+
+    @model_validator(mode="after")
+    def _nearest_for_classes(self) -> AuxEntry:
+        if self.kind == "categorical" and self.resampling not in (None, "nearest"):
+            raise ValueError(f"aux '{self.name}': a categorical layer is resampled with nearest (interpolating "
+                             f"class values invents classes), not {self.resampling}; drop resampling or use nearest")
+        return self
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class IngestSettings(_Strict):
     """What ingest builds; every field may also be set on one input to override the job's value."""
 
@@ -90,6 +133,17 @@ class IngestSettings(_Strict):
     variable: str | None = None
     axes: Literal["yxb", "xyb", "byx", "bxy", "bp", "pb"] | None = None
     force: bool | None = None
+    #: left out of the dump while unset, so jobs without aux layers keep their ledger's settings hashes
+    aux: tuple[AuxEntry, ...] | None = Field(default=None, exclude_if=_unset)
+
+    @field_validator("aux")
+    @classmethod
+    def _aux(cls, v: tuple[AuxEntry, ...] | None) -> tuple[AuxEntry, ...] | None:
+        names = [a.name for a in v or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"aux name(s) {', '.join(twice)} given more than once; each layer needs its own name")
+        return v
 
     @field_validator("products")
     @classmethod
@@ -234,8 +288,9 @@ class Manifest(_Strict):
         return v
 
     def settings_for(self, spec: InputSpec) -> IngestStep:
-        """The ingest settings of one input: the job's, with the input's overrides."""
-        over = {k: v for k, v in spec.ingest.model_dump().items() if v is not None}
+        """The ingest settings of one input: the job's, with the input's overrides (an input's ``aux`` list
+        replaces the job's; ``aux: []`` means none)."""
+        over = {k: v for k in type(spec.ingest).model_fields if (v := getattr(spec.ingest, k)) is not None}
         return self.steps.ingest.model_copy(update=over)
 
     def fingerprint(self) -> str:
@@ -299,22 +354,46 @@ def load_manifest(path: str | Path, *, check_inputs: bool = True) -> Manifest:
         raise ConfigError(f"{where}: invalid manifest: {_problem(exc)}") from None
     base = Path(path).resolve().parent
     lake = resolve_path(expand(manifest.lake, f"{where}: lake"), base)
+    ingest = _resolved_settings(manifest.steps.ingest, f"{where}: steps.ingest", base, check_inputs)
     inputs = []
     for i, spec in enumerate(manifest.inputs):
         field = f"{where}: inputs[{i}]"
-        upd: dict[str, Any] = {}
+        upd: dict[str, Any] = {"ingest": _resolved_settings(spec.ingest, f"{field}.ingest", base, check_inputs)}
         if spec.path is not None:
             upd["path"] = resolve_path(expand(spec.path, field), base)
         if spec.stac is not None:
             upd["stac"] = resolve_path(expand(spec.stac, field), base)
-        if spec.ingest.labels is not None:
-            upd["ingest"] = spec.ingest.model_copy(update={"labels": resolve_path(expand(spec.ingest.labels, field),
-                                                                                  base)})
         spec = spec.model_copy(update=upd)
         if check_inputs:
             _check_exists(spec, field)
         inputs.append(spec)
-    return manifest.model_copy(update={"lake": lake, "inputs": inputs})
+    steps = manifest.steps.model_copy(update={"ingest": ingest})
+    return manifest.model_copy(update={"lake": lake, "inputs": inputs, "steps": steps})
+
+
+_Settings = TypeVar("_Settings", bound=IngestSettings)
+
+
+def _resolved_settings(settings: _Settings, field: str, base: Path, check: bool) -> _Settings:
+    """Ingest settings with ``labels`` and each aux ``path`` resolved against the manifest's folder ``base``."""
+    upd: dict[str, Any] = {}
+    if settings.labels is not None:
+        upd["labels"] = resolve_path(expand(settings.labels, f"{field}.labels"), base)
+    if settings.aux:
+        upd["aux"] = tuple(_resolved_aux(a, f"{field}.aux[{i}]", base, check) for i, a in enumerate(settings.aux))
+    return settings.model_copy(update=upd) if upd else settings
+
+
+def _resolved_aux(entry: AuxEntry, field: str, base: Path, check: bool) -> AuxEntry:
+    """An aux entry whose path is local and absolute; ``check``: a path without glob characters must exist."""
+    path = resolve_path(expand(entry.path, f"{field}.path"), base)
+    if is_url(path):
+        raise ConfigError(f"{field}.path: {path}: aux rasters are read from local files (a file, a folder or a "
+                          "glob pattern); copy the raster to a local disk and name that path")
+    if check and not any(c in path for c in "*?[") and not Path(path).exists():
+        raise ConfigError(f"{field}.path: {path} does not exist; fix the path (relative paths start at the "
+                          "manifest's folder) or remove the layer")
+    return entry.model_copy(update={"path": path})
 
 
 def _check_exists(spec: InputSpec, field: str) -> None:

@@ -11,20 +11,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 import resource
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cubelake.errors import CubelakeError
 from cubelake.lake import AnyLake, cube_key, open_lake, safe_scene_id
 from cubelake.storage import is_url, join_url
 
-from .spec import ExportStep, IngestStep, StackStep
+from .spec import AuxEntry, ExportStep, IngestStep, StackStep
 
-__all__ = ["TaskFailed", "export_task", "gc_task", "ingest_options", "ingest_task", "stack_task"]
+if TYPE_CHECKING:
+    from cubelake.record import SceneRecord
+
+__all__ = ["TaskFailed", "aux_files", "aux_specs", "export_task", "gc_task", "ingest_options", "ingest_task",
+           "stack_task"]
 
 
 class TaskFailed(Exception):
@@ -32,7 +38,8 @@ class TaskFailed(Exception):
 
 
 def ingest_options(settings: IngestStep, threads: int) -> Any:
-    """The :class:`~cubelake.ingest.IngestOptions` of an input's settings (raises ConfigError for a bad profile)."""
+    """The :class:`~cubelake.ingest.IngestOptions` of an input's settings (raises ConfigError for a bad profile,
+    ValueError for an aux layer the ingest refuses)."""
     from cubelake.ingest import IngestOptions, Limits, SourceOptions, load_profile
 
     limits = Limits(max_bytes=settings.max_scene_bytes) if settings.max_scene_bytes else Limits()
@@ -40,7 +47,37 @@ def ingest_options(settings: IngestStep, threads: int) -> Any:
     return IngestOptions(
         products=settings.products or ("cog", "zarr"), profile=profile, chunk=settings.chunk, shard=settings.shard,
         workers=threads, limits=limits, force=bool(settings.force), refs_format=settings.refs_format or "auto",
-        source=SourceOptions(variable=settings.variable, axes=settings.axes, max_bytes=limits.max_bytes))
+        source=SourceOptions(variable=settings.variable, axes=settings.axes, max_bytes=limits.max_bytes),
+        aux=aux_specs(settings.aux or ()))
+
+
+def aux_specs(entries: Sequence[AuxEntry]) -> tuple[Any, ...]:
+    """The ingest's :class:`~cubelake.ingest.AuxSpec` of a manifest's aux entries (paths already resolved)."""
+    from cubelake.ingest import AuxSpec
+
+    return tuple(AuxSpec(name=a.name, path=a.path, resampling=a.resampling, kind=a.kind,
+                         max_time_delta=None if a.max_time_delta is None else dt.timedelta(seconds=a.max_time_delta))
+                 for a in entries)
+
+
+def _stat_entry(path: str) -> dict[str, Any] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def aux_files(entries: Sequence[AuxEntry], record: SceneRecord | None) -> list[dict[str, Any]]:
+    """What the ledger watches of a scene's aux rasters (size and mtime, as of its own files): each raster the
+    scene took, each file or folder an entry names (a file added to or removed from a folder changes its mtime),
+    and a pattern's fixed leading folder. Paths that do not exist are left out."""
+    paths = [str(layer.source) for layer in (record.aux if record is not None else [])]
+    for a in entries:
+        parts = Path(a.path).parts
+        fixed = list(itertools.takewhile(lambda p: not any(c in p for c in "*?["), parts))
+        paths.append(a.path if len(fixed) == len(parts) else str(Path(*fixed)) if fixed else ".")
+    return [e for p in dict.fromkeys(paths) if (e := _stat_entry(p)) is not None]
 
 
 def _worker() -> str:
@@ -70,6 +107,9 @@ def ingest_task(lake_url: str, planned: Any, threads: int) -> dict[str, Any]:
         known = {f["path"] for f in files}
         files += [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns} for f in record.source.files
                   if f.path not in known and not is_url(f.path) and f.mtime_ns]
+    if planned.settings.aux:  # a changed aux raster is a changed input: the ledger must not skip the scene
+        known = {f["path"] for f in files}
+        files += [f for f in aux_files(planned.settings.aux, record) if f["path"] not in known]
     return {
         "result": result.to_dict(),
         "content_hash": record.source.content_hash if record else None,
