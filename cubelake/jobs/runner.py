@@ -71,7 +71,9 @@ def dask_client(manifest: Manifest, scheduler: str | None) -> Iterator[Any]:
         return
     cluster = LocalCluster(n_workers=res.workers, threads_per_worker=1, processes=True,
                            memory_limit=res.memory_per_task, resources={"MEMORY": res.memory_per_task},
-                           dashboard_address=":0", silence_logs=logging.ERROR)
+                           # CRITICAL: a worker's heartbeat racing the scheduler's shutdown logs an ERROR with a
+                           # traceback; task failures reach the runner through their futures, not the log
+                           dashboard_address=":0", silence_logs=logging.CRITICAL)
     try:
         with Client(cluster, set_as_default=False) as client:
             yield client
