@@ -199,7 +199,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             self.sampler, self._scene_views(), [s.scene_id for s in self.sources], self.georefs, self.plan_spec.seed,
             centre_labels=self.sampling.labels == "center" and not self.sampler.needs_labels, regions=self.regions,
             window_rule=aoi_rule, curriculum=curriculum, balance=balance,
-            shard_precision=self.plan_spec.geohash_precision if self.plan_spec.shard_by == "geohash" else None)
+            shard_by_geohash=self.plan_spec.shard_by == "geohash")
         self._tables.base(0)  # fixed tables are built (and their errors raised) here, not in a worker
         self._epoch_base = 0
         self._iters = 0

@@ -11,10 +11,11 @@ Order of the steps, each optional:
    downsampled for the epoch with ``p = 1 / (1 + log1p(n_cell))`` (or a given function), seeded by
    ``(seed, epoch)``, and every kept sample gets ``weight = 1 + alpha * (1 - n_cell / max n_cell)``.
 
-``PlanSpec(shard_by="geohash")`` shards by the geohash cell of the *chunk* holding each window's centre
-(:func:`chunk_cells`): all windows centred in one chunk go to one rank, so two ranks share a chunk only
-where a window straddles a chunk border, as with whole scenes; cells of a window's own centre would
-cut chunks wherever a cell border crosses one. Every step is a function of ``(seed, epoch)``,
+``PlanSpec(shard_by="geohash")`` shards by the geohash of the *chunk* holding each window's centre
+(:func:`chunk_cells`, full precision): all windows centred in one chunk go to one rank, so two ranks
+share a chunk only where a window straddles a chunk border; cells of a window's own centre would cut
+chunks wherever a cell border crosses one. The planner gives ranks whole cells of
+``geohash_precision`` characters, and cuts one at a chunk border only where whole cells cannot balance. Every step is a function of ``(seed, epoch)``,
 so all ranks and workers build the same table without talking, and a resumed epoch is the same epoch.
 """
 
@@ -29,7 +30,9 @@ from . import geo
 from .plan import COL, ROW, SCENE, SampleTable
 from .samplers import Curriculum, Region, Sampler, SceneView, WindowRule, restrict
 
-__all__ = ["EpochTable", "RegionBalance", "TableBuilder", "centre_labels", "chunk_cells"]
+__all__ = ["CHUNK_PRECISION", "EpochTable", "RegionBalance", "TableBuilder", "centre_labels", "chunk_cells"]
+
+CHUNK_PRECISION = 12  # geohash characters naming a chunk's centre (~4 cm): one cell per chunk in practice
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,7 @@ class TableBuilder:
     window_rule: WindowRule = "center"
     curriculum: Curriculum | None = None
     balance: RegionBalance | None = None
-    shard_precision: int | None = None  # geohash precision the planner shards by (None: not by geohash)
+    shard_by_geohash: bool = False  # the planner shards by the cells of the chunks (PlanSpec(shard_by="geohash"))
     _base: SampleTable | None = field(default=None, repr=False)
     _last: tuple[int, EpochTable] | None = field(default=None, repr=False)
 
@@ -156,7 +159,7 @@ class TableBuilder:
         weight = np.ones(len(table), np.float32)
         bal = self.balance
         if bal is None:
-            cells = chunk_cells(table, self.scenes, self.georefs, self.shard_precision) if self.shard_precision else None
+            cells = chunk_cells(table, self.scenes, self.georefs, CHUNK_PRECISION) if self.shard_by_geohash else None
             return EpochTable(table, weight, cells)
         cells = geo.sample_cells(table, self.georefs, bal.precision)
         names, counts, inverse = geo.cell_counts(cells)
@@ -169,5 +172,5 @@ class TableBuilder:
         after = np.bincount(inverse[keep], minlength=names.size)
         idx = np.flatnonzero(keep)
         table, weight = table.take(idx), weight[idx]
-        shard = chunk_cells(table, self.scenes, self.georefs, self.shard_precision) if self.shard_precision else None
+        shard = chunk_cells(table, self.scenes, self.georefs, CHUNK_PRECISION) if self.shard_by_geohash else None
         return EpochTable(table, weight, shard, regions=(names, counts, after))

@@ -33,7 +33,7 @@ import numpy as np
 
 from cubelake.grid import ChunkGrid
 
-from .geo import assign_cells, load_ratio
+from .geo import balanced_cuts, load_ratio
 
 __all__ = [
     "EpochPlan",
@@ -411,7 +411,7 @@ def plan_epoch(grids: Sequence[ChunkGrid], table: SampleTable, spec: PlanSpec, e
                    split.seq_keys, split.foreign)
     plan.worker_sizes = sizes
     if labels is not None:
-        plan.cells = sorted(str(c) for c in np.unique(labels[split.samples]))
+        plan.cells = sorted(str(c) for c in np.unique(_coarse(np.unique(labels[split.samples]), spec.geohash_precision)))
     return plan
 
 
@@ -488,22 +488,32 @@ def _split_strips(grids: Sequence[ChunkGrid], trig_key: np.ndarray, scenes: np.n
     return _Split(my_samples, trig_seq[my_samples], seq_keys, rank_totals, worker_totals)
 
 
+def _coarse(cells: np.ndarray, precision: int) -> np.ndarray:
+    """The geohash cells of ``precision`` characters holding ``cells`` (pseudo-cells ``~...`` stay whole)."""
+    c = np.asarray(cells).astype(str)
+    return np.where(np.char.startswith(c, "~"), c, c.astype(f"<U{precision}"))
+
+
 def _split_cells(labels: np.ndarray, indptr: np.ndarray, keys: np.ndarray, trig_key: np.ndarray, scenes: np.ndarray,
                  rank_of: dict[int, np.ndarray], spec: PlanSpec, rng: np.random.Generator, shard: _Shard) -> _Split:
-    """Whole cells -> ranks -> workers (contiguous in geohash order where that balances); a shard serves its cells.
+    """Samples in geohash order -> contiguous runs for ranks, then for each rank's workers; a shard serves its run.
 
-    Its chunk sequence is every chunk its samples need, each scene's in that scene's traversal
-    order, scenes started in a seeded order and interleaved ``scenes_in_flight`` at a time.
+    A run is cut between whole cells of ``geohash_precision`` characters where the shards balance
+    within 5 %, else between chunks (``labels`` name each sample's chunk at full precision), else
+    inside a chunk (which two shards then read). Its chunk sequence is every chunk its samples need,
+    each scene's in that scene's traversal order, scenes started in a seeded order and interleaved
+    ``scenes_in_flight`` at a time.
     """
-    _names, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    w = counts.astype(float)
-    by_rank = [np.asarray(b, np.int64) for b in assign_cells(w, shard.world_size)]
-    mine_rank = by_rank[shard.rank]
-    by_worker = [mine_rank[np.asarray(b, np.int64)] for b in assign_cells(w[mine_rank], shard.num_workers)]
-    mine_cell = np.zeros(w.size, bool)
-    mine_cell[by_worker[shard.worker]] = True
-    mine = mine_cell[inverse]
+    n = labels.size
+    z = np.argsort(labels, kind="stable")  # geohash (Z-order) order: neighbours close together
+    lab = labels[z]
+    coarse = _coarse(lab, spec.geohash_precision)
+    levels = [_boundaries(coarse), _boundaries(lab)]
+    rank_cuts = balanced_cuts(0, n, shard.world_size, levels)
+    lo, hi = rank_cuts[shard.rank], rank_cuts[shard.rank + 1]
+    worker_cuts = balanced_cuts(lo, hi, shard.num_workers, levels)
+    mine = np.zeros(n, bool)
+    mine[z[worker_cuts[shard.worker]:worker_cuts[shard.worker + 1]]] = True
     entry_mine = np.repeat(mine, np.diff(indptr))
     my_keys = np.unique(keys[entry_mine])
     units = []
@@ -514,8 +524,14 @@ def _split_cells(labels: np.ndarray, indptr: np.ndarray, keys: np.ndarray, trig_
     seq_keys = (seq[:, 0] << 32) | seq[:, 1]
     my_samples = np.flatnonzero(mine)
     return _Split(my_samples, _lookup(seq_keys, trig_key[my_samples]), seq_keys,
-                  [float(w[b].sum()) for b in by_rank], [float(w[b].sum()) for b in by_worker],
+                  [float(v) for v in np.diff(rank_cuts)], [float(v) for v in np.diff(worker_cuts)],
                   foreign=np.unique(keys[~entry_mine]))
+
+
+def _boundaries(sorted_labels: np.ndarray) -> np.ndarray:
+    """Positions where the label changes in a sorted sequence (with 0 and its end)."""
+    return np.flatnonzero(np.r_[True, sorted_labels[1:] != sorted_labels[:-1], True]) if sorted_labels.size else \
+        np.zeros(1, np.int64)
 
 
 def _serving_order(my_samples: np.ndarray, trig: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -251,17 +251,18 @@ def test_geohash_ranks_get_whole_cells_balanced_and_report_shared_chunks(synth_l
         sid = {s.scene_id: i for i, s in enumerate(ds.sources)}
         cells_of.append({cell[(sid[s], r, c)] for s, r, c in got})
         plan = ds.plan(0, rank=rank, world_size=3)
-        assert set(plan.cells) >= cells_of[-1]
+        assert set(plan.cells) == {c[:6] for c in cells_of[-1]}  # the plan names its geohash-6 cells
         assert ds.metrics().shared_chunks == plan.shared_chunks
-    for a in range(3):
-        for b in range(a + 1, 3):
-            assert not cells_of[a] & cells_of[b]
+    shared = [c for a in range(3) for b in range(a + 1, 3) for c in cells_of[a] & cells_of[b]]
+    assert len(shared) <= 2  # ranks hold whole chunk cells, but where a cut had to fall inside one to balance
     assert len({len(g) for g in per_rank}) == 1  # every rank serves the same count
     assert not set(per_rank[0]) & set(per_rank[1])
     # the cell is the chunk's: every window centred in one chunk is served by one rank
     ds = make(0)
     table = ds.table(0)
-    cells = chunk_cells(table, ds._tables.scenes, ds.georefs, 6)
+    cells = ds.epoch_table(0).cells
+    assert cells is not None
+    np.testing.assert_array_equal(cells, chunk_cells(table, ds._tables.scenes, ds.georefs, 12))
     centre_chunk = {}
     for (s, r, c), cell in zip(table.rows.tolist(), cells.tolist(), strict=True):
         g = ds.grids[s]
@@ -269,7 +270,7 @@ def test_geohash_ranks_get_whole_cells_balanced_and_report_shared_chunks(synth_l
         assert centre_chunk.setdefault(key, cell) == cell
     rep = shard_report(ds.grids, table, ds.plan_spec, 0, 3, cells=cells)
     assert rep["max_min_samples"] <= 1.05
-    assert rep["cells_multi_rank"] == 0
+    assert rep["cells_multi_rank"] <= 2  # whole geohash-6 cells but where a cut must fall inside one to balance
     assert 0 <= rep["chunks_multi_rank"] < rep["chunks"]
 
 
