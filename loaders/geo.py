@@ -3,11 +3,11 @@
 Each window of a :class:`~cubelake.loaders.plan.SampleTable` is named by the geohash cell of its
 centre (precision 6 is ~1.2 km x 0.6 km). Cells then drive three things:
 
-- *Sharding* (``PlanSpec(shard_by="geohash")``): ranks get whole cells balanced by sample count,
-  so a node reads its own region. :func:`assign_cells` keeps each rank's cells contiguous in
-  geohash order (a Z-order curve, so a rank's cells form compact regions with short borders);
-  where cells are too coarse for that to balance it falls back to :func:`balance_cells` (LPT
-  plus local swaps, no locality).
+- *Sharding* (``PlanSpec(shard_by="geohash")``): samples in geohash order (a Z-order curve, so a
+  run of it is a compact region with short borders) are cut into one run per rank by
+  :func:`balanced_cuts`, between whole cells where the ranks still balance within 5 %, so a node
+  reads its own region. (Whole-cell LPT balances too but scatters neighbouring cells over the ranks,
+  and most chunks end up read by two of them: bench/geo.py measured 205 of 240 against 93.)
 - *Downsampling* hot regions: a sample of a cell holding ``n`` samples is kept with probability
   ``1 / (1 + log1p(n))`` (:func:`keep_probability`, :func:`downsample`), seeded per epoch.
 - *Loss weights* for sparse regions: ``1 + alpha * (1 - density)`` with ``density = n_cell /
@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pyproj import CRS, Transformer
@@ -36,10 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Georef",
-    "assign_cells",
-    "balance_cells",
+    "balanced_cuts",
     "cell_counts",
-    "contiguous_cells",
     "downsample",
     "downsample_counts",
     "keep_probability",
@@ -241,177 +239,9 @@ def load_ratio(loads: Sequence[float] | np.ndarray) -> float:
     return float(x.max() / x.min()) if x.min() > 0 else math.inf
 
 
-def _check_bins(weights: Sequence[float] | np.ndarray, bins: int) -> np.ndarray:
+def _check_bins(bins: int) -> None:
     if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
         raise ValueError(f"bins must be an integer >= 1, got {bins!r}")
-    return _check_counts(np.asarray(weights, np.float64).reshape(-1))
-
-
-def balance_cells(cell_weights: Sequence[float] | np.ndarray, bins: int, max_steps: int | None = None) -> list[list[int]]:
-    """Whole cells to ``bins`` with balanced weight sums: LPT, then moves and swaps between bins.
-
-    Deterministic. A step moves one cell, or swaps two, between the heaviest bin and a lighter
-    one (or a heavier one and the lightest) when that narrows their gap; the sum of squared loads
-    falls with every step, so it ends. It stops at ``max/min <= 1.01``, when no step helps, or
-    after ``max_steps``. Reaches ``max/min <= 1.05`` unless single cells are too heavy for it.
-    Returns sorted cell indices per bin.
-    """
-    w = _check_bins(cell_weights, bins)
-    out: list[list[int]] = [[] for _ in range(bins)]
-    load = np.zeros(bins)
-    for i in sorted(range(w.size), key=lambda j: (-w[j], j)):
-        b = int(np.argmin(load))
-        out[b].append(i)
-        load[b] += w[i]
-    members = [np.array(b, np.int64) for b in out]
-    for _ in range(max_steps if max_steps is not None else 20 * bins + 200):
-        if load_ratio(load) <= 1.01 or not _improve_once(w, members, load):
-            break
-    return [sorted(m.tolist()) for m in members]
-
-
-def _improve_once(w: np.ndarray, members: list[np.ndarray], load: np.ndarray) -> bool:
-    """Apply the best move/swap between the heaviest (lightest) bin and another; ``False`` when none helps."""
-    by_load = np.argsort(load, kind="stable")
-    hi, lo = int(by_load[-1]), int(by_load[0])
-    pairs = [(hi, int(b)) for b in by_load[:-1]] + [(int(b), lo) for b in by_load[::-1][1:]]
-    for a, b in pairs:
-        gap = load[a] - load[b]
-        best = _best_transfer(w[members[a]], w[members[b]], gap) if gap > 0 else None
-        if best is None:
-            continue
-        i, j, t = best
-        moved = members[a][i]
-        keep_a = np.delete(members[a], i)
-        if j >= 0:
-            keep_a = np.append(keep_a, members[b][j])
-            members[b] = np.delete(members[b], j)
-        members[a] = keep_a
-        members[b] = np.append(members[b], moved)
-        load[a] -= t
-        load[b] += t
-        return True
-    return False
-
-
-def _best_transfer(wh: np.ndarray, wl: np.ndarray, gap: float) -> tuple[int, int, float] | None:
-    """``(i in hi, j in lo or -1 for a move, weight moved)`` closest to ``gap / 2`` with ``0 < t < gap``."""
-    cands: list[tuple[float, int, int, float]] = []
-    if wh.size:
-        i = int(np.argmin(np.abs(wh - gap / 2)))
-        cands.append((abs(wh[i] - gap / 2), i, -1, float(wh[i])))
-    if wh.size and wl.size:
-        ol = np.argsort(wl, kind="stable")
-        sl = wl[ol]
-        want = wh - gap / 2  # swap i<->j moves wh[i] - wl[j]; best wl[j] is near wh[i] - gap/2
-        k = np.clip(np.searchsorted(sl, want), 0, sl.size - 1)
-        for kk in (k, np.maximum(k - 1, 0)):
-            t = wh - sl[kk]
-            err = np.abs(t - gap / 2)
-            i = int(np.argmin(err))
-            cands.append((float(err[i]), i, int(ol[kk[i]]), float(t[i])))
-    ok = [c for c in cands if 0 < c[3] < gap]
-    if not ok:
-        return None
-    _, i, j, t = min(ok, key=lambda c: (c[0], c[2] >= 0, c[1], c[2]))
-    return i, j, t
-
-
-def contiguous_cells(cell_weights: Sequence[float] | np.ndarray, bins: int) -> list[list[int]]:
-    """Cut the cells, in the given order, into ``bins`` contiguous runs of balanced weight.
-
-    Cuts start where the running sum is nearest ``total * k / bins`` and then move one cell at a
-    time while that narrows the two neighbouring bins' gap. In geohash order a run is a compact region.
-    """
-    w = _check_bins(cell_weights, bins)
-    cuts = _contiguous_cuts(w, bins)
-    return [list(range(cuts[b], cuts[b + 1])) for b in range(bins)]
-
-
-def _contiguous_cuts(w: np.ndarray, bins: int) -> list[int]:
-    csum = np.concatenate([[0.0], np.cumsum(w)])
-    total = csum[-1]
-    cuts = [0]
-    for k in range(1, bins):
-        target = total * k / bins
-        j = int(np.searchsorted(csum, target))
-        j = j if j < csum.size and (j == 0 or csum[j] - target <= target - csum[j - 1]) else j - 1
-        cuts.append(max(cuts[-1], min(j, w.size)))
-    cuts.append(w.size)
-    for _ in range(4 * bins + w.size):
-        if not _shift_one_cut(csum, cuts):
-            break
-    return cuts
-
-
-def _snap_cuts(w: np.ndarray, cuts: list[int], groups: np.ndarray, tolerance: float) -> list[int]:
-    """Move each cut to a boundary between ``groups`` (coarser cells) when the bins still balance within
-    ``tolerance`` (or no worse than before): whole coarse cells where the weights allow, a split one where not."""
-    csum = np.concatenate([[0.0], np.cumsum(w)])
-    bounds = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1], True])  # group starts, and the end
-
-    def ratio(c: list[int]) -> float:
-        return load_ratio([csum[c[b + 1]] - csum[c[b]] for b in range(len(c) - 1)])
-
-    cuts = list(cuts)
-    for k in range(1, len(cuts) - 1):
-        if cuts[k] in bounds:
-            continue
-        i = int(np.searchsorted(bounds, cuts[k]))
-        limit = max(tolerance, ratio(cuts))
-        best: tuple[float, int] | None = None
-        for j in (int(bounds[i - 1]), int(bounds[i])):
-            if cuts[k - 1] <= j <= cuts[k + 1]:
-                r = ratio([*cuts[:k], j, *cuts[k + 1:]])
-                if r <= limit and (best is None or r < best[0]):
-                    best = (r, j)
-        if best is not None:
-            cuts[k] = best[1]
-    return cuts
-
-
-def _shift_one_cut(csum: np.ndarray, cuts: list[int]) -> bool:
-    """Move the first cut whose one-cell shift lowers its two bins' sum of squared loads."""
-    for k in range(1, len(cuts) - 1):
-        a, c = csum[cuts[k]] - csum[cuts[k - 1]], csum[cuts[k + 1]] - csum[cuts[k]]
-        for step in (-1, 1):
-            j = cuts[k] + step
-            if not cuts[k - 1] <= j <= cuts[k + 1]:
-                continue
-            a2, c2 = csum[j] - csum[cuts[k - 1]], csum[cuts[k + 1]] - csum[j]
-            if a2 * a2 + c2 * c2 < a * a + c * c - 1e-9:
-                cuts[k] = j
-                return True
-    return False
-
-
-def assign_cells(cell_weights: Sequence[float] | np.ndarray, bins: int, tolerance: float = 1.05,
-                 groups: Sequence[Any] | np.ndarray | None = None, locality_limit: float = 1.15) -> list[list[int]]:
-    """Cells (in geohash order) to ``bins``: contiguous runs, which keep each bin a compact region.
-
-    ``groups`` (one per cell, equal for neighbours: e.g. the coarser geohash the cells share): cuts
-    fall between groups where the bins still balance within ``tolerance``, inside one where they
-    would not, so a bin holds whole coarse cells but at the cuts. When runs of the given cells cannot
-    balance within ``locality_limit`` (cells far too coarse), whichever of the runs and whole-cell LPT
-    (:func:`balance_cells`) has the lower maximum load: LPT scatters neighbours over the bins, so most
-    chunks end up read by two ranks (bench/geo.py measured 205 of 240 chunks against 93 for runs).
-    """
-    w = _check_bins(cell_weights, bins)
-    cuts = _contiguous_cuts(w, bins)
-    if groups is not None:
-        g = np.asarray(groups)
-        if g.shape != w.shape:
-            raise ValueError(f"groups has shape {g.shape}, the cells {w.shape}: one group per cell")
-        cuts = _snap_cuts(w, cuts, g, tolerance)
-    runs = [list(range(cuts[b], cuts[b + 1])) for b in range(bins)]
-    run_loads = [float(w[b].sum()) for b in runs]
-    if load_ratio(run_loads) <= max(tolerance, locality_limit):
-        return runs
-    lpt = balance_cells(w, bins)
-    lpt_loads = [float(w[b].sum()) for b in lpt]
-    if (max(lpt_loads), load_ratio(lpt_loads)) < (max(run_loads), load_ratio(run_loads)):
-        return lpt
-    return runs
 
 
 def balanced_cuts(lo: int, hi: int, bins: int, levels: Sequence[np.ndarray], tolerance: float = 1.05) -> list[int]:
@@ -422,7 +252,7 @@ def balanced_cuts(lo: int, hi: int, bins: int, levels: Sequence[np.ndarray], tol
     chunks) that keeps its run, and the runs left after it, within ``sqrt(tolerance)`` of the mean
     (so any two runs within ``tolerance``); when none does it falls exactly on its aim (inside a cell).
     """
-    _check_bins([0.0], bins)
+    _check_bins(bins)
     mean = (hi - lo) / bins
     band = (mean / math.sqrt(tolerance), mean * math.sqrt(tolerance))
     cuts = [lo]

@@ -185,42 +185,36 @@ def test_loss_weights_follow_the_density_formula() -> None:
 
 def test_cells_of_a_20_to_1_hot_sparse_table_balance_over_4_ranks_within_5_percent() -> None:
     _grids, georefs, table = _regions()
-    _names, counts, inverse = geo.cell_counts(geo.sample_cells(table, georefs))
+    cells = geo.sample_cells(table, georefs)
+    _names, counts, inverse = geo.cell_counts(cells)
     geo_cells = counts[~np.char.startswith(_names, "~")]
     hot = np.median(counts[np.unique(inverse[table.rows[:, 0] == 0])])
     sparse = np.median(counts[np.unique(inverse[np.isin(table.rows[:, 0], [1, 2, 3])])])
     assert 15 <= hot / sparse <= 25  # the imbalance the case is about
     assert geo_cells.size > 100
-    w = counts.astype(float)
-    for assign in (geo.balance_cells, geo.contiguous_cells, geo.assign_cells):
-        bins = assign(w, 4)
-        assert sorted(i for b in bins for i in b) == list(range(w.size))  # every cell exactly once
-        assert geo.load_ratio([w[b].sum() for b in bins]) <= 1.05, assign.__name__
-        assert bins == assign(w, 4)  # deterministic
-    runs = geo.contiguous_cells(w, 4)
-    assert all(b == list(range(b[0], b[-1] + 1)) for b in runs if b)  # contiguous in geohash order
+    lab = np.sort(cells)
+    bounds = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1], True])
+    cuts = geo.balanced_cuts(0, lab.size, 4, [bounds])
+    assert cuts[0] == 0
+    assert cuts[-1] == lab.size
+    assert cuts == sorted(cuts)
+    assert geo.load_ratio(np.diff(cuts)) <= 1.05
+    assert set(cuts) <= set(bounds.tolist())  # whole cells: every cut falls between two cells
+    assert cuts == geo.balanced_cuts(0, lab.size, 4, [bounds])  # deterministic
 
 
-def test_balance_cells_improves_on_lpt_and_copes_with_coarse_cells() -> None:
-    # LPT alone gives 3+2+2 | 3+2 = 7 | 5; a swap of a 3 and a 2 makes it 6 | 6
-    w = np.array([3.0, 3.0, 2.0, 2.0, 2.0])
-    assert sorted(w[b].sum() for b in geo.balance_cells(w, 2, max_steps=0)) == [5.0, 7.0]
-    bins = geo.balance_cells(w, 2)
-    assert sorted(w[b].sum() for b in bins) == [6.0, 6.0]
-    # one cell heavier than a fair share: it sits alone and the rest share the other bins
-    w = np.array([100.0, 10, 10, 10, 10, 10, 10])
-    bins = geo.assign_cells(w, 3)
-    assert [0] in bins
-    assert sorted(w[b].sum() for b in bins) == [30.0, 30.0, 100.0]
-    assert geo.load_ratio([30, 30, 100]) == pytest.approx(100 / 30)
-    # more bins than cells: some stay empty
-    assert sorted(len(b) for b in geo.balance_cells([1.0, 2.0], 4)) == [0, 0, 1, 1]
+def test_balanced_cuts_prefer_coarse_boundaries_then_fine_then_exact() -> None:
+    # 100 items in 4 coarse groups of 40/10/10/40 and fine groups of 5: two bins
+    coarse = np.array([0, 40, 50, 60, 100])
+    fine = np.arange(0, 101, 5)
+    assert geo.balanced_cuts(0, 100, 2, [coarse, fine]) == [0, 50, 100]  # a coarse boundary balances
+    assert geo.balanced_cuts(0, 100, 4, [coarse, fine]) == [0, 25, 50, 75, 100]  # fine ones where coarse cannot
+    assert geo.balanced_cuts(0, 100, 3, [np.array([0, 100])]) == [0, 33, 67, 100]  # exact where none can
+    assert geo.balanced_cuts(10, 10, 3, [coarse]) == [10, 10, 10, 10]  # nothing to cut
     assert geo.load_ratio([0, 3]) == math.inf
     assert geo.load_ratio([0, 0]) == 1.0
     with pytest.raises(ValueError, match="bins must be an integer >= 1"):
-        geo.balance_cells([1.0], 0)
-    with pytest.raises(ValueError, match="finite numbers >= 0"):
-        geo.contiguous_cells([1.0, -2.0], 2)
+        geo.balanced_cuts(0, 10, 0, [coarse])
 
 
 # -- geohash sharding in the planner -------------------------------------------------------------------
