@@ -666,14 +666,13 @@ def print_rest(doc: dict[str, Any]) -> None:
 
     con = Console(width=240)
     t = _table("split by geohash precision (epoch 0, no balance; shard_report)",
-               ["precision", "cells", "split", "geohash: chunks >1 rank", "chunk reads", "max/min", "cells/rank",
-                "strips: chunks >1 rank", "strips: cells >1 rank"])
+               ["precision", "cells", "geohash: chunks >1 rank", "chunk reads", "max/min", "cells/rank",
+                "cells >1 rank", "strips: chunks >1 rank", "strips: cells >1 rank"])
     for r in doc.get("precision_sweep", []):
         g, s = r["geohash"], r["strips"]
-        split = "contiguous" if r["contiguous"] else f"LPT (runs {r['runs_max_min']:.3f})"
-        t.add_row(str(r["precision"]), str(r["cells"]), split, f"{g['chunks_multi_rank']} ({g['chunks_multi_rank_fraction']:.1%})",
+        t.add_row(str(r["precision"]), str(r["cells"]), f"{g['chunks_multi_rank']} ({g['chunks_multi_rank_fraction']:.1%})",
                   str(g["chunk_reads"]), f"{g['max_min_samples']:.3f}", _span(g["cells_per_rank"]),
-                  str(s["chunks_multi_rank"]), str(s["cells_multi_rank"]))
+                  str(g["cells_multi_rank"]), str(s["chunks_multi_rank"]), str(s["cells_multi_rank"]))
     con.print(t)
     b = doc["balance"]
     print(f"\nregion balance (precision {PRECISION}, alpha {ALPHA}): {b['cells']} cells, {b['hot_cells']} hot, "
