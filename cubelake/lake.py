@@ -10,6 +10,8 @@ Layout (``LAKE_VERSION`` 1)::
     <lake>/.locks/<id>.lock          one ingest of a scene at a time, across processes
     <lake>/jobs/<job>/               a scheduled job's ledger: lease.json, inputs/, steps/, runs/ (cubelake.jobs)
     <lake>/cubes/<job>/              the job's stacked datacubes (reference sets of scenes on one grid)
+    <lake>/datacubes/<name>/         a built datacube (cubelake.datacube): item.json, its STAC item and
+                                     commit object, naming the version v/<version>/<name>.zarr it publishes
     <lake>/exports/                  catalog snapshots (stac-geoparquet) that jobs export
 
 A scene is built completely in ``.staging`` and moved into ``scenes/`` with one ``rename``,
@@ -40,8 +42,8 @@ from .errors import CorruptRecordError, LakeError
 from .record import SCENE_RECORD_FILE, SceneRecord, read_scene_record
 from .storage import S3Options, Store, is_url, open_store
 
-__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "cube_key", "format_bytes", "is_disk_full",
-           "job_key", "open_lake", "pid_alive", "safe_scene_id"]
+__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "cube_key", "datacube_key", "format_bytes",
+           "is_disk_full", "job_key", "open_lake", "pid_alive", "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,18 @@ def cube_key(job: str, name: str) -> str:
     if safe_scene_id(job) != job or safe_scene_id(name) != name:
         raise LakeError(f"{job!r}/{name!r} is not a safe cube name")
     return f"cubes/{job}/{name}"
+
+
+def datacube_key(name: str, *parts: str) -> str:
+    """The key of a built datacube's folder (or of ``parts`` inside it): ``datacubes/<name>/...``.
+
+    Built cubes (scenes reprojected onto one grid) live apart from the jobs' stacked reference sets
+    under ``cubes/``, so a cube name never meets a job name.
+    """
+    for part in (name, *parts):
+        if safe_scene_id(part) != part:
+            raise LakeError(f"{part!r} is not a safe datacube name or key (letters, digits, '.', '_', '-')")
+    return "/".join(("datacubes", name, *parts))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ Layout (``LAKE_VERSION`` 1, as on disk, plus immutable versions)::
     <url>/rejected/<id>.json                  validation report of the latest rejected attempt
     <url>/catalog/...                         the published search index (see cubelake.catalog.remote)
     <url>/jobs/, cubes/, exports/             scheduled jobs' ledgers and outputs, as on disk (cubelake.lake.job_key)
+    <url>/datacubes/<name>/                   built datacubes, as on disk (cubelake.lake.datacube_key)
 
 The commit protocol. Object stores have no rename and no locks, so a scene is built in a local
 staging folder, uploaded under a fresh, never reused version prefix ``v/<UTC time>-<random>``,

@@ -15,6 +15,7 @@ from . import lake as _lake
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
+from .cube import cube_app
 from .jobs import jobs_app
 from .link import link_app
 from .loader import loader_app
@@ -42,6 +43,7 @@ app.add_typer(_lake.lake_app, name="lake")
 app.command("profiles")(_profiles.profiles_cmd)
 app.add_typer(refs_app, name="refs")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(cube_app, name="cube")
 app.add_typer(link_app, name="link")
 app.add_typer(loader_app, name="loader")
 app.add_typer(jobs_app, name="jobs")
