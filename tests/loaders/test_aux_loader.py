@@ -61,7 +61,7 @@ def test_aux_windows_equal_gdal_warp_of_the_layer(aux_lake: dict[str, Any], kind
 
 def test_an_aux_layer_the_scene_lacks_is_named(aux_lake: dict[str, Any], tmp_path: Path) -> None:
     for kind in ("zarr", "cog"):
-        with pytest.raises(ProductError, match="no aux layer 'ndvi'|no array 'aux_ndvi'.*aux_dsm"):
+        with pytest.raises(ProductError, match=r"no aux layer 'ndvi'|no array 'aux_ndvi'.*aux_dsm"):
             CubeDataset([aux_lake["scene"]], prefer=(kind,), aux=["ndvi"])
     with pytest.raises(ValueError, match="named twice"):
         CubeDataset([aux_lake["scene"]], aux=["dsm", "dsm"])
