@@ -151,6 +151,8 @@ def predict_blocks(model: LoadedModel, src: ChunkSource, settings: PredictSettin
     """Predict the whole scene ``src`` and yield its chunks, row-major (see the module docstring)."""
     stats = stats if stats is not None else PredictStats()
     t0 = time.perf_counter()
+    if (model.device, model.dtype) != (settings.device, DTYPES[settings.dtype]):
+        model.to(settings.device, DTYPES[settings.dtype])
     pre = settings.preprocessing or model.spec.preprocessing or Preprocessing()
     halo = stats.halo = resolve_halo(model, settings, stats)
     g = src.grid

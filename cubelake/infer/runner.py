@@ -160,12 +160,13 @@ def _pixel_tile(model: LoadedModel, reader: WindowReader, tile: Tile, batch: int
     oy, ox = box[0] - (y0 - r), box[2] - (x0 - r)
     padded[:, oy:oy + x.shape[1], ox:ox + x.shape[2]] = x
     core_nodata = nodata[y0 - box[0]:y1 - box[0], x0 - box[2]:x1 - box[2]]
-    views = np.lib.stride_tricks.sliding_window_view(padded, (p, p), axis=(1, 2))  # (C, h, w, p, p), no copy
+    # (h, w, C, p, p) views, no copy: indexing them by pixel copies each batch's patches once, contiguous
+    views = np.moveaxis(np.lib.stride_tricks.sliding_window_view(padded, (p, p), axis=(1, 2)), 0, 2)
     ys, xs = np.nonzero(~core_nodata)
     probs = np.full((model.spec.classes, y1 - y0, x1 - x0), np.nan, np.float32)
     for i in range(0, ys.size, batch):
         yy, xx = ys[i:i + batch], xs[i:i + batch]
-        patches = np.moveaxis(views[:, yy, xx], 0, 1)  # (b, C, p, p)
+        patches = views[yy, xx]  # (b, C, p, p)
         probs[:, yy, xx] = _forward(model, _layout(patches, model.spec.layout)).T
     return TileOutput(Tile(tile.row, tile.col, tile.core, tile.core), probs, core_nodata)
 

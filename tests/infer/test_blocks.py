@@ -174,3 +174,14 @@ def test_model_files_are_checked(tmp_path: Path, enmap_scene: dict[str, Any]) ->
         name="wrong", kind="pixel", layout="B1CHW", bands=10, classes=5, patch=5))
     with pytest.raises(InferError, match="gives 206 bands, the model wrong.pt takes 10"):
         list(predict_blocks(load_model(wrong), enmap_scene["src"], PredictSettings()))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_reduced_precision_on_cpu(enmap_scene: dict[str, Any], models: dict[str, Path], dtype: str) -> None:
+    """fp16/bf16 compute: the model is cast, inputs follow; probabilities stay close to fp32's."""
+    ref, _, _ = _assemble(load_model(models["seg"]), enmap_scene["src"], PredictSettings())
+    model = load_model(models["seg"])
+    low, _, _ = _assemble(model, enmap_scene["src"], PredictSettings(dtype=dtype))  # type: ignore[arg-type]
+    assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float16)
+    err = np.abs(low - ref).max()
+    assert 0 < err < 1e-2
