@@ -55,6 +55,7 @@ from shapely.geometry import shape
 from cubelake.errors import CatalogError, CatalogQueryError, CorruptIndexError
 
 from .coverage import merged_coverage
+from .derived import DERIVED_ROOTS
 from .items import CollectionSummary, item_bands
 from .query import BUILTIN_SORT, ParsedQuery, Query, epoch, iso, parse_query
 from .schema import (
@@ -81,6 +82,9 @@ _NO_TIME = -1e30  # R*Tree time of items with no known time: before anything a s
 _FAR = 1e29
 _MMAP_BYTES = 16 * 1024**3  # address space only; the OS pages in what searches touch
 _T_UNIT = 864_000.0  # seconds per R*Tree time unit (10 days; see the module docstring)
+# a scene's href is scenes/<id>/item.json; a derived product's <root>/<name>/item.json (see .derived)
+_NOT_DERIVED = (f"coalesce(substr(i.href, 1, instr(i.href, '/')), '') NOT IN "
+                f"({', '.join(repr(r + '/') for r in DERIVED_ROOTS)})")
 
 _PROMOTED_COLUMNS = ", ".join(
     f"{col} GENERATED ALWAYS AS (json_extract(properties, '$.\"{key}\"')) VIRTUAL" for key, col in PROMOTED.items()
@@ -478,10 +482,22 @@ class CatalogIndex:
         return "json_extract(i.properties, ?)", ['$."' + key.replace('"', '\\"') + '"']
 
     @_reads
-    def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
-        """Every item matching ``query``, sorted and limited as it asks."""
+    def holds(self, item: dict[str, Any], href: str | None) -> bool:
+        """Whether the index holds ``item`` at ``href`` exactly as indexing it now would store it."""
+        r = index_rows(item, href)
+        row = self.db.execute("SELECT rowid, id, collection, datetime, t0, t1, west, south, east, north, geometry, "
+                              "band_count, href, properties FROM items WHERE id=?", (r.item[0],)).fetchone()
+        if row is None or tuple(row[1:]) != r.item:
+            return False
+        bands = self.db.execute("SELECT names, center_nm, fwhm_nm FROM bands WHERE item=?", (row[0],)).fetchone()
+        cells = [c for (c,) in self.db.execute("SELECT cell FROM geohash WHERE item=? ORDER BY cell", (row[0],))]
+        return bands is not None and tuple(bands) == r.bands and cells == sorted(set(r.cells))
+
+    @_reads
+    def search(self, query: Query | ParsedQuery, *, scenes_only: bool = False) -> list[SearchHit]:
+        """Every item matching ``query``, sorted and limited as it asks; ``scenes_only``: no derived products."""
         q = parse_query(query) if isinstance(query, Query) else query
-        conds: list[str] = []
+        conds: list[str] = [_NOT_DERIVED] if scenes_only else []
         params: list[Any] = []
         if q.boxes:
             rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ? AND mint <= ? AND maxt >= ?)"

@@ -9,6 +9,10 @@ Layout inside a lake::
                                               does when it is empty, damaged or of another schema version)
     .pending/<id>                             an ingest between publishing products and item
 
+Derived products (built datacubes, predictions) publish their items at ``<root>/<name>/item.json``
+(:mod:`.derived`); :meth:`LakeCatalog.publish_derived` indexes one the same way, ``reindex`` and
+``gc`` find them all.
+
 Publishing order: ingest builds products *and* ``item.json`` in staging and moves them into
 ``scenes/<id>`` with one rename, so an item file never exists without its products. Then
 :meth:`LakeCatalog.publish` indexes it in one SQLite transaction and rewrites the collection
@@ -45,9 +49,18 @@ from cubelake.errors import (
 from cubelake.lake import AnyLake, Lake, atomic_write_text, open_lake, pid_alive, safe_scene_id
 from cubelake.storage import is_url
 
+from .derived import (
+    DERIVED_ROOTS,
+    DerivedKey,
+    derived_description,
+    derived_for_index,
+    is_derived_href,
+    parse_derived_key,
+)
 from .index import CatalogIndex, SearchHit, index_rows
 from .items import (
     ITEM_FILE,
+    CollectionSummary,
     collection_dict,
     item_from_record,
     item_json,
@@ -105,6 +118,15 @@ def check_item(item: Any) -> list[str]:
     if item.get("geometry") is not None and not item.get("bbox"):
         problems.append("a geometry without a bbox")
     return problems
+
+
+def _indexable(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """``item`` if the index can take it; else :class:`CorruptItemError` naming ``where`` (a bad time or bbox)."""
+    try:
+        index_rows(item, None)
+    except (CatalogError, ValueError, TypeError, KeyError, shapely.errors.GEOSException) as exc:
+        raise CorruptItemError(f"{where}: not indexable: {exc}") from None
+    return item
 
 
 def _missing_assets(scene_dir: Path, item: dict[str, Any]) -> list[str]:
@@ -319,10 +341,21 @@ class LakeCatalog:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 continue
-            stac, description = self._profile_stac(coll, summary.item_ids[0])
+            stac, description = self._collection_meta(summary)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(collection_dict(summary, description, stac), indent=1) + "\n")
         atomic_write_text(self.root / "catalog.json", json.dumps(root_catalog_dict(self.index.collections()), indent=1) + "\n")
+
+    def _collection_meta(self, summary: CollectionSummary) -> tuple[dict[str, Any], str]:
+        """A collection's STAC settings and description: its first scene's profile, or (no scene in it) a
+        description of its derived products."""
+        hrefs: list[str | None] = list(summary.item_hrefs)
+        if len(hrefs) != len(summary.item_ids):  # items indexed without a file: take them for scenes
+            hrefs = [None] * len(summary.item_ids)
+        scene = next((i for i, h in zip(summary.item_ids, hrefs, strict=True) if not is_derived_href(h)), None)
+        if scene is None:
+            return {}, derived_description(summary.item_hrefs)
+        return self._profile_stac(summary.id, scene)
 
     def _profile_stac(self, collection: str, any_item: str) -> tuple[dict[str, Any], str]:
         try:
@@ -333,6 +366,129 @@ class LakeCatalog:
         if record is None:
             return {}, ""
         return dict(record.profile.settings.get("stac", {}) or {}), str(record.profile.description or "")
+
+    # -- derived products ------------------------------------------------------
+    def publish_derived(self, key: str) -> dict[str, Any]:
+        """Index the derived product's item at lake-relative ``key`` (``datacubes/<name>/item.json``,
+        ``predictions/<name>/item.json``) and link it from its collection; returns the item as indexed.
+
+        A no-op when the index already holds the item as it is. Raises :class:`CatalogError` for a key
+        of another form, :class:`ItemNotFoundError` when there is no item, :class:`CorruptItemError`
+        for an unusable one, and :class:`CatalogError` when its id is another item's (a scene's).
+        """
+        ref = parse_derived_key(key)
+        return self._index_derived(ref, self._read_derived(ref))
+
+    def unpublish_derived(self, item_id: str) -> bool:
+        """Remove a derived product's item from the index (its files stay; ``reindex`` finds it again
+        while they are there); ``False`` if it was not indexed. A scene's id is refused."""
+        return self._rebuilt_if_damaged(lambda: self._drop_derived(item_id))
+
+    def _derived_where(self, ref: DerivedKey) -> str:
+        return str(self.root / ref.key)
+
+    def _derived_keys(self) -> list[DerivedKey]:
+        """Every derived item file of the lake, by root then name."""
+        out = []
+        for root in DERIVED_ROOTS:
+            folder = self.root / root
+            names = sorted(p.name for p in folder.iterdir() if (p / ITEM_FILE).is_file()) if folder.is_dir() else []
+            out += [DerivedKey(root, n) for n in names if safe_scene_id(n) == n]
+        return out
+
+    def _read_derived(self, ref: DerivedKey) -> dict[str, Any]:
+        """The item at ``ref`` as the index takes it; :class:`ItemNotFoundError` when there is none."""
+        path = self.root / ref.key
+        if not path.is_file():
+            raise ItemNotFoundError(f"{path}: no derived item there; write the product and its item first, "
+                                    "then publish it")
+        return _indexable(derived_for_index(read_item(path), ref, str(path)), str(path))
+
+    def _derived_slot(self, ref: DerivedKey, item_id: str) -> SearchHit | None:
+        """The indexed item of ``item_id`` if it is ``ref``'s; :class:`CatalogError` if another item has that id."""
+        hit = self.index.get(item_id)
+        if hit is not None and hit.href != ref.key:
+            raise CatalogError(f"{self._derived_where(ref)}: item id {item_id!r} is already that of the catalog's "
+                               f"item {hit.href}; ids are one namespace for scenes and derived products: give "
+                               "the product another name")
+        return hit
+
+    def _derived_hit(self, item_id: str) -> SearchHit | None:
+        """The indexed item of ``item_id`` if it is a derived product's; :class:`CatalogError` for a scene's."""
+        hit = self.index.get(item_id)
+        if hit is not None and not is_derived_href(hit.href):
+            raise CatalogError(f"{self.root}: item {item_id!r} is a scene's ({hit.href}), not a derived product's; "
+                               "it leaves the catalog with its scene")
+        return hit
+
+    def _index_derived(self, ref: DerivedKey, item: dict[str, Any]) -> dict[str, Any]:
+        def op() -> dict[str, Any]:
+            _ = self.index  # open (or build) it before taking the lock that building takes
+            with self.lake.lock(_LOCK):
+                old = self._derived_slot(ref, item["id"])
+                if old is not None and self.index.holds(item, ref.key):
+                    return item
+                self.index.upsert(item, ref.key)
+                self._write_collections({item["collection"]} | ({old.collection} if old else set()))
+            log.info("%s: catalog item %s published in %s", self.root, ref.key, item["collection"])
+            return item
+
+        return self._rebuilt_if_damaged(op)
+
+    def _drop_derived(self, item_id: str) -> bool:
+        _ = self.index
+        with self.lake.lock(_LOCK):
+            old = self._derived_hit(item_id)
+            if old is None:
+                return False
+            self.index.delete(item_id)
+            self._write_collections({old.collection})
+        return True
+
+    def _reindex_derived(self, ref: DerivedKey, report: ReindexReport, taken: dict[str, str]) -> dict[str, Any] | None:
+        """The derived item at ``ref`` for a reindex, or ``None`` (missing; corrupt or an id taken: reported)."""
+        where = self._derived_where(ref)
+        try:
+            item = self._read_derived(ref)
+        except ItemNotFoundError:
+            return None
+        except CatalogError as exc:  # corrupt, or unreadable from the store
+            log.warning("%s", exc)
+            report.corrupt.append((where, str(exc).removeprefix(f"{where}: ")))
+            return None
+        if item["id"] in taken:
+            report.corrupt.append((where, f"id {item['id']!r} is already that of the item {taken[item['id']]}"))
+            return None
+        return item
+
+    def sync_derived(self, *, dry_run: bool = False) -> list[str]:
+        """Index derived items committed but not indexed as they are (their publisher died in between) and
+        drop indexed ones whose item is gone; one line per action (``dry_run``: what it would do)."""
+        lines: list[str] = []
+        present: set[str] = set()
+        for ref in self._derived_keys():
+            present.add(ref.key)
+            try:
+                item = self._read_derived(ref)
+                if self._derived_slot(ref, item["id"]) is not None and self.index.holds(item, ref.key):
+                    continue
+                if not dry_run:
+                    self.publish_derived(ref.key)
+            except ItemNotFoundError:
+                present.discard(ref.key)
+                continue
+            except CatalogError as exc:  # corrupt, or its id taken: reindex reports it; the index stays
+                log.warning("%s", exc)
+                continue
+            lines.append(f"{'would index' if dry_run else 'indexed'} derived item {ref.key}: committed but not "
+                         "in the catalog index as it is")
+        for item_id, href in self.index.hrefs().items():
+            if is_derived_href(href) and href not in present:
+                if not dry_run:
+                    self.unpublish_derived(item_id)
+                lines.append(f"{'would remove' if dry_run else 'removed'} derived item {item_id} from the catalog "
+                             f"index: {href} is gone")
+        return lines
 
     # -- recovery and reindex --------------------------------------------------
     def recover(self) -> list[str]:
@@ -366,8 +522,9 @@ class LakeCatalog:
         return done
 
     def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
-        """The local index is updated in place: nothing to collect (``recover`` finishes killed ingests)."""
-        return [] if dry_run else self.recover()
+        """The local index is updated in place: nothing to collect (``recover`` finishes killed ingests,
+        :meth:`sync_derived` brings derived items in line)."""
+        return ([] if dry_run else self.recover()) + self.sync_derived(dry_run=dry_run)
 
     def _recover_one(self, scene_id: str) -> str | None:
         marker = self.root / ".pending" / scene_id
@@ -394,6 +551,8 @@ class LakeCatalog:
                 rebuild_items: bool = False) -> ReindexReport:
         """Rebuild the index from the item JSON files; corrupt ones are reported by path and skipped.
 
+        Derived products' items (``datacubes/<name>/item.json``, ``predictions/<name>/item.json``) are
+        indexed after the scenes; one whose id a scene (or an earlier one) has is reported and skipped.
         A scene with a record but no item (a lake from before the catalog) gets its item built
         from ``scene.json``; ``rebuild_items`` rebuilds every item from its record (after an
         upgrade changed how items are written). The new index is built aside, then copied into the
@@ -407,18 +566,27 @@ class LakeCatalog:
         tmp = self.root / f".{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
         with self.lake.lock(_LOCK):
             ids = self.lake.scene_ids()  # under the lock: a publish cannot slip in between
+            derived = self._derived_keys()
+            hrefs: dict[str, str] = {}
             fresh = CatalogIndex(tmp)
             try:
                 def items() -> Iterator[dict[str, Any]]:
                     for n, sid in enumerate(ids, 1):
                         if progress:
-                            progress(n, len(ids))
+                            progress(n, len(ids) + len(derived))
                         item = self._reindex_item(sid, report, rebuild_items)
                         if item is not None:
+                            hrefs[sid] = self.item_href(sid)
+                            yield item
+                    for n, ref in enumerate(derived, len(ids) + 1):
+                        if progress:
+                            progress(n, len(ids) + len(derived))
+                        item = self._reindex_derived(ref, report, hrefs)
+                        if item is not None:
+                            hrefs[item["id"]] = ref.key
                             yield item
 
-                report.indexed = fresh.insert_items(items(), batch_size=1000,
-                                                    href=lambda item: self.item_href(item["id"]))
+                report.indexed = fresh.insert_items(items(), batch_size=1000, href=lambda item: hrefs[item["id"]])
                 fresh.analyze()
             except BaseException:
                 fresh.close()
@@ -512,7 +680,8 @@ class LakeCatalog:
 
         registry = stac_registry(schema_dirs)
         paths = [self.root / "catalog.json", *sorted((self.root / "collections").glob("*/collection.json")),
-                 *(self.item_path(sid) for sid in self.lake.scene_ids())]
+                 *(self.item_path(sid) for sid in self.lake.scene_ids()),
+                 *(self.root / ref.key for ref in self._derived_keys())]
         report = StacReport()
         for n, path in enumerate(paths, 1):
             if progress:
@@ -531,8 +700,10 @@ class LakeCatalog:
         return report
 
     # -- reading ---------------------------------------------------------------
-    def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
-        return self._rebuilt_if_damaged(lambda: self.index.search(query))
+    def search(self, query: Query | ParsedQuery, *, scenes_only: bool = False) -> list[SearchHit]:
+        """The items matching ``query``: scenes and derived products (datacubes, predictions) alike;
+        ``scenes_only`` for callers that read the hits as scenes."""
+        return self._rebuilt_if_damaged(lambda: self.index.search(query, scenes_only=scenes_only))
 
     def get(self, item_id: str) -> dict[str, Any]:
         """The full item JSON of ``item_id``; raises :class:`ItemNotFoundError`."""

@@ -3,6 +3,7 @@
 Layout inside an object-store lake::
 
     scenes/<id>/item.json                          the items (the source of truth; each is its scene's commit object)
+    datacubes/<name>/item.json, predictions/<name>/item.json   derived products' items (indexed too)
     catalog/index.json                             pointer: generation, base snapshot, change set, collections
     catalog/index/<generation>-<random>.sqlite     immutable base snapshots of the SQLite index
     catalog/index/changes/<generation>-<random>.json.gz   immutable cumulative change sets over a base
@@ -47,9 +48,10 @@ from cubelake.object_lake import VERSION_KEY, ObjectLake, staging_root
 from cubelake.storage import CommitConflict, ObjectNotFound, StorageError
 
 from .changes import Change, ChangeSet, DamagedIndexError, FoldPolicy, IndexPointer, should_fold
+from .derived import DERIVED_ROOTS, DerivedKey, derived_for_index
 from .index import CatalogIndex, SearchHit
 from .items import collection_dict, root_catalog_dict, with_absolute_hrefs
-from .lake import LakeCatalog, ReindexReport, StacReport, check_item, parse_item
+from .lake import LakeCatalog, ReindexReport, StacReport, _indexable, check_item, parse_item
 from .query import ParsedQuery, Query
 
 __all__ = ["ObjectLakeCatalog", "cache_root"]
@@ -386,7 +388,7 @@ class ObjectLakeCatalog(LakeCatalog):
             if not summary.item_ids:
                 self._put_newer(key, None, generation)
                 continue
-            stac, description = self._profile_stac(coll, summary.item_ids[0])
+            stac, description = self._collection_meta(summary)
             self._put_newer(key, collection_dict(summary, description, stac), generation)
         self._put_newer("catalog.json", root_catalog_dict(idx.collections()), generation)
 
@@ -407,6 +409,45 @@ class ObjectLakeCatalog(LakeCatalog):
                 return
             except CommitConflict:
                 continue
+
+    # -- derived products ------------------------------------------------------------
+    def _derived_where(self, ref: DerivedKey) -> str:
+        return self.store.url_of(ref.key)
+
+    def _derived_keys(self) -> list[DerivedKey]:
+        """Every derived product folder of the lake, by root then name (one delimiter listing per root)."""
+        out = []
+        for root in DERIVED_ROOTS:
+            names, _ = self.store.list_dirs(root)
+            out += [DerivedKey(root, n) for n in sorted(names) if safe_scene_id(n) == n]
+        return out
+
+    def _read_derived(self, ref: DerivedKey) -> dict[str, Any]:
+        url = self.store.url_of(ref.key)
+        try:
+            text = self.store.get_text(ref.key, 16 * 1024 * 1024)
+        except ObjectNotFound:
+            raise ItemNotFoundError(f"{url}: no derived item there; write the product and its item first, "
+                                    "then publish it") from None
+        except StorageError as exc:
+            raise CatalogError(f"{url}: the item cannot be read ({exc})") from None
+        return _indexable(derived_for_index(parse_item(text, url), ref, url), url)
+
+    def _index_derived(self, ref: DerivedKey, item: dict[str, Any]) -> dict[str, Any]:
+        """Publish the item in the next index generation (a change set or a fold), unless it is indexed as it is."""
+        self.refresh()  # decide on the index as published now, not on the view this catalog opened
+        old = self._derived_slot(ref, item["id"])
+        if old is not None and self.index.holds(item, ref.key):
+            return item
+        self._commit_item(item["id"], Change(0, item, ref.key), f"index {ref.key}")
+        return item
+
+    def _drop_derived(self, item_id: str) -> bool:
+        self.refresh()
+        if self._derived_hit(item_id) is None:
+            return False
+        self._commit_item(item_id, Change(0, None), f"remove {item_id}")
+        return True
 
     # -- recovery and reindex ---------------------------------------------------
     def recover(self) -> list[str]:
@@ -443,16 +484,25 @@ class ObjectLakeCatalog(LakeCatalog):
                                "object-store lake to rewrite their items")
         report = ReindexReport()
         items: list[dict[str, Any]] = []
-        ids = self.lake.scene_ids()
+        hrefs: dict[str, str] = {}
+        ids, derived = self.lake.scene_ids(), self._derived_keys()
         for n, sid in enumerate(ids, 1):
             if progress:
-                progress(n, len(ids))
+                progress(n, len(ids) + len(derived))
             item = self._reindex_one(sid, report)
             if item is not None:
                 items.append(item)
+                hrefs[sid] = self.item_href(sid)
+        for n, ref in enumerate(derived, len(ids) + 1):
+            if progress:
+                progress(n, len(ids) + len(derived))
+            item = self._reindex_derived(ref, report, hrefs)
+            if item is not None:
+                items.append(item)
+                hrefs[item["id"]] = ref.key
 
         def change(idx: CatalogIndex) -> set[str]:
-            report.indexed = idx.insert_items(items, batch_size=1000, href=lambda it: self.item_href(it["id"]))
+            report.indexed = idx.insert_items(items, batch_size=1000, href=lambda it: hrefs[it["id"]])
             idx.analyze()
             return set(idx.collections())
 
@@ -485,7 +535,8 @@ class ObjectLakeCatalog(LakeCatalog):
 
         registry = stac_registry(schema_dirs)
         colls = [o.key for o in self.store.list("collections") if o.key.endswith("/collection.json")]
-        keys = ["catalog.json", *sorted(colls), *(self.lake.item_key(s) for s in self.lake.scene_ids())]
+        keys = ["catalog.json", *sorted(colls), *(self.lake.item_key(s) for s in self.lake.scene_ids()),
+                *(ref.key for ref in self._derived_keys())]
         report = StacReport()
         for n, key in enumerate(keys, 1):
             if progress:
@@ -505,8 +556,8 @@ class ObjectLakeCatalog(LakeCatalog):
         return report
 
     # -- reading -------------------------------------------------------------------
-    def search(self, query: Query | ParsedQuery) -> list[SearchHit]:
-        return self.index.search(query)
+    def search(self, query: Query | ParsedQuery, *, scenes_only: bool = False) -> list[SearchHit]:
+        return self.index.search(query, scenes_only=scenes_only)
 
     def get(self, item_id: str) -> dict[str, Any]:
         hit = self.index.get(item_id)
@@ -554,11 +605,12 @@ class ObjectLakeCatalog(LakeCatalog):
 
     # -- garbage -----------------------------------------------------------------------
     def gc(self, grace: dt.timedelta | None = None, *, dry_run: bool = False) -> list[str]:
-        """Delete index snapshots and change sets the pointer does not name, older than ``grace``."""
+        """Bring derived items in line (:meth:`sync_derived`), then delete index snapshots and change sets
+        the pointer does not name, older than ``grace``."""
+        lines = self.sync_derived(dry_run=dry_run)
         ptr, _ = self._pointer()
         live = {ptr.key, ptr.changes} if ptr else set()
         now, grace = dt.datetime.now(dt.UTC), grace if grace is not None else dt.timedelta(hours=6)
-        lines = []
         for obj in list(self.store.list("catalog/index")):
             if obj.key in live or (obj.mtime is not None and now - obj.mtime < grace):
                 continue

@@ -12,6 +12,8 @@ Layout (``LAKE_VERSION`` 1)::
     <lake>/cubes/<job>/              the job's stacked datacubes (reference sets of scenes on one grid)
     <lake>/datacubes/<name>/         a built datacube (cubelake.datacube): item.json, its STAC item and
                                      commit object, naming the version v/<version>/<name>.zarr it publishes
+    <lake>/predictions/<name>/       a model's prediction of a scene (cubelake.infer): item.json naming the
+                                     version v/<version>/ (Zarr + COGs); both kinds publish as cubelake.derived says
     <lake>/exports/                  catalog snapshots (stac-geoparquet) that jobs export
 
 A scene is built completely in ``.staging`` and moved into ``scenes/`` with one ``rename``,
@@ -42,8 +44,9 @@ from .errors import CorruptRecordError, LakeError
 from .record import SCENE_RECORD_FILE, SceneRecord, read_scene_record
 from .storage import S3Options, Store, is_url, open_store
 
-__all__ = ["LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "cube_key", "datacube_key", "format_bytes",
-           "is_disk_full", "job_key", "open_lake", "pid_alive", "safe_scene_id"]
+__all__ = ["DERIVED_ROOTS", "LAKE_VERSION", "AnyLake", "Lake", "atomic_write_text", "cube_key", "datacube_key",
+           "derived_key", "format_bytes", "is_disk_full", "job_key", "open_lake", "pid_alive", "prediction_key",
+           "safe_scene_id"]
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +83,32 @@ def cube_key(job: str, name: str) -> str:
     return f"cubes/{job}/{name}"
 
 
+#: The lake folders holding derived products, one ``<name>/`` each (``cubelake.derived`` publishes them).
+DERIVED_ROOTS = ("datacubes", "predictions")
+
+
+def derived_key(root: str, name: str, *parts: str) -> str:
+    """The key of a derived product's folder (or of ``parts`` inside it): ``<root>/<name>/...``, every part checked."""
+    if root not in DERIVED_ROOTS:
+        raise LakeError(f"{root!r} is not a folder of derived products (one of {', '.join(DERIVED_ROOTS)})")
+    for part in (name, *parts):
+        if safe_scene_id(part) != part:
+            raise LakeError(f"{part!r} is not a safe {root[:-1]} name or key (letters, digits, '.', '_', '-')")
+    return "/".join((root, name, *parts))
+
+
 def datacube_key(name: str, *parts: str) -> str:
     """The key of a built datacube's folder (or of ``parts`` inside it): ``datacubes/<name>/...``.
 
     Built cubes (scenes reprojected onto one grid) live apart from the jobs' stacked reference sets
     under ``cubes/``, so a cube name never meets a job name.
     """
-    for part in (name, *parts):
-        if safe_scene_id(part) != part:
-            raise LakeError(f"{part!r} is not a safe datacube name or key (letters, digits, '.', '_', '-')")
-    return "/".join(("datacubes", name, *parts))
+    return derived_key("datacubes", name, *parts)
+
+
+def prediction_key(name: str, *parts: str) -> str:
+    """The key of a prediction's folder (or of ``parts`` inside it): ``predictions/<name>/...``."""
+    return derived_key("predictions", name, *parts)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

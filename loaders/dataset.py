@@ -233,10 +233,10 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         parsed = parse_query(q)
         core_ids: set[str] = set()
         with LakeCatalog(lake) as cat:
-            hits = cat.search(parsed)
+            hits = cat.search(parsed, scenes_only=True)
             if hits and core_filters:
                 core_q = replace(q, filters=(*_as_tuple(q.filters), *core_filters))
-                core_ids = {h.id for h in cat.search(parse_query(core_q))}
+                core_ids = {h.id for h in cat.search(parse_query(core_q), scenes_only=True)}
         if not hits:
             raise ProductError(f"the search found no scene in the catalog of {lake} ({_query_text(q)}); widen it")
         curriculum = None

@@ -12,6 +12,7 @@ import typer
 
 from . import ingest as _ingest
 from . import lake as _lake
+from . import predict as _predict
 from . import profiles as _profiles
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
@@ -47,6 +48,7 @@ app.add_typer(cube_app, name="cube")
 app.add_typer(link_app, name="link")
 app.add_typer(loader_app, name="loader")
 app.add_typer(jobs_app, name="jobs")
+app.command("predict")(_predict.predict_cmd)
 
 
 def main() -> None:

@@ -158,7 +158,7 @@ def copy_cmd(
             from cubelake.catalog.query import Query
 
             with LakeCatalog(source) as cat:
-                found = [h.id for h in cat.search(Query(bbox=bbox, datetime=datetime))]
+                found = [h.id for h in cat.search(Query(bbox=bbox, datetime=datetime), scenes_only=True)]
             wanted = [s for s in found if wanted is None or s in wanted]
         report = copy_lake(source, dst, wanted)
     except CubelakeError as exc:

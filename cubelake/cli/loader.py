@@ -48,7 +48,7 @@ def _dataset(products: list[str], lake: str | None, window: int, stride: int, ba
         from cubelake.catalog import LakeCatalog, Query
 
         with LakeCatalog(lake) as cat:
-            products = cat.search(Query())
+            products = cat.search(Query(), scenes_only=True)
     return CubeDataset(products, lake=lake, sampling=Sampling(size=window, stride=stride, labels="none"),
                        plan=PlanSpec(batch_size=batch_size), reader=ReaderConfig(threads=threads),
                        prefer=tuple(p.strip() for p in prefer.split(",") if p.strip()))

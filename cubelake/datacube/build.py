@@ -331,13 +331,23 @@ def build_cube(lake: AnyLake | str | Path, name: str, scene_ids: Sequence[str] =
         if published is not None and is_complete(lk, name, published) and \
                 (published.get("properties") or {}).get(CB_BUILD_HASH) == plan.build_hash:
             log.info("%s: datacube %s is up to date", lk.url, name)
+            _index_cube(lk, name)  # a no-op unless a killed build committed it without indexing it
             return _result(plan, "up to date", lk, published, t0)
         options = None if lk.is_local else lk.store.options
         with cube_staging(lk, name) as staged:
             write_cube(plan, staged / f"{name}.zarr", options, progress)
             item = _checked_item(plan, new_version())
             publish_cube(lk, name, staged, item, etag)
+        _index_cube(lk, name)
     return _result(plan, "built", lk, item, t0)
+
+
+def _index_cube(lake: AnyLake, name: str) -> None:
+    """Make the published cube searchable in the lake's catalog (``cubelake catalog search``)."""
+    from cubelake.catalog import LakeCatalog
+
+    with LakeCatalog(lake) as cat:
+        cat.publish_derived(datacube_key(name, ITEM_FILE))
 
 
 def _checked_item(plan: CubePlan, version: str) -> dict[str, Any]:

@@ -146,7 +146,7 @@ def select_scene_ids(lake: AnyLake, ids: Sequence[str], query: Any | None) -> li
 
     q = dataclasses.replace(query, ids=tuple(ids)) if ids else query
     with LakeCatalog(lake) as cat:
-        found = sorted({h.id for h in cat.search(q)})
+        found = sorted({h.id for h in cat.search(q, scenes_only=True)})
     missing = sorted(set(ids) - set(found))
     if missing:
         raise DatacubeError(f"scene(s) {', '.join(missing)} are not in the catalog of {lake.url} or do not match the "

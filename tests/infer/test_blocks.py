@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from cubelake.infer import InferError, ModelError, ModelSpec, Preprocessing, load_model, measure_receptive_field, save_model
+from cubelake.infer import (
+    InferError,
+    ModelError,
+    ModelSpec,
+    Preprocessing,
+    load_model,
+    measure_receptive_field,
+    save_model,
+)
 from cubelake.infer.blocks import PredictSettings, PredictStats, predict_blocks
 from cubelake.infer.runner import WindowReader
 from cubelake.infer.tiling import plan_tiles
@@ -152,15 +160,15 @@ def test_windows_are_preprocessed_as_the_training_loader_cuts_them(enmap_scene: 
 def test_model_files_are_checked(tmp_path: Path, enmap_scene: dict[str, Any]) -> None:
     bad = tmp_path / "notes.pt"
     bad.write_text("not a model")
-    with pytest.raises(ModelError, match="not a TorchScript or torch.export archive"):
+    with pytest.raises(ModelError, match=r"not a TorchScript or torch\.export archive"):
         load_model(bad)
     pickled = tmp_path / "pickled.pt"
     torch.save(Pixel3D(), pickled)
-    with pytest.raises(ModelError, match="pickled module from torch.save is refused"):
+    with pytest.raises(ModelError, match=r"pickled module from torch\.save is refused"):
         load_model(pickled)
     bare = tmp_path / "bare.pt"
     torch.jit.save(torch.jit.script(Pixel3D()), str(bare))
-    with pytest.raises(ModelError, match="no cubelake.json inside"):
+    with pytest.raises(ModelError, match=r"no cubelake\.json inside"):
         load_model(bare)
     spec = ModelSpec(name="p", kind="pixel", layout="B1CHW", bands=3, classes=5, patch=5)
     assert load_model(bare, spec).spec == spec
@@ -172,7 +180,7 @@ def test_model_files_are_checked(tmp_path: Path, enmap_scene: dict[str, Any]) ->
         ModelSpec.from_json('{"name": "p", "kind": "pixel", "layout": "BC", "bands": 1e9, "classes": 2}')
     wrong = save_model(Pixel3D().eval(), tmp_path / "wrong.pt", ModelSpec(
         name="wrong", kind="pixel", layout="B1CHW", bands=10, classes=5, patch=5))
-    with pytest.raises(InferError, match="gives 206 bands, the model wrong.pt takes 10"):
+    with pytest.raises(InferError, match=r"gives 206 bands, the model wrong\.pt takes 10"):
         list(predict_blocks(load_model(wrong), enmap_scene["src"], PredictSettings()))
 
 
