@@ -186,6 +186,10 @@ def _properties(spec: CubeItemSpec) -> dict[str, Any]:
     return props
 
 
+#: The catalog collection of every built cube (the catalog writes its collection.json when it indexes one).
+COLLECTION = "cubelake-datacubes"
+
+
 def cube_item(spec: CubeItemSpec) -> dict[str, Any]:
     """The cube's STAC 1.1 Item, with relative hrefs (it sits in ``datacubes/<name>/``)."""
     geometry = _geometry(spec.layout.grid, spec.scenes)
@@ -194,11 +198,14 @@ def cube_item(spec: CubeItemSpec) -> dict[str, Any]:
         "stac_version": STAC_VERSION,
         "stac_extensions": [],
         "id": spec.name,
+        "collection": COLLECTION,
         "geometry": mapping(geometry) if geometry is not None else None,
         **({"bbox": [round(v, 7) for v in geometry.bounds]} if geometry is not None else {}),
         "properties": _properties(spec),
         "links": [
             {"rel": "root", "href": "../../catalog.json", "type": "application/json"},
+            {"rel": "collection", "href": f"../../collections/{COLLECTION}/collection.json", "type": "application/json"},
+            {"rel": "parent", "href": f"../../collections/{COLLECTION}/collection.json", "type": "application/json"},
             *({"rel": "derived_from", "href": f"../../scenes/{s.scene_id}/{ITEM_FILE}", "type": "application/geo+json",
                "title": f"scene {s.scene_id}"} for s in spec.scenes),
         ],

@@ -298,7 +298,7 @@ def test_a_built_datacube_is_found_by_catalog_search(tmp_path: Path) -> None:
     ingest_scenes(lake, tmp_path / "src", ["scene_a", "scene_b"])
     out = build_cube(lake, "ab", ["scene_a", "scene_b"], settings=given_settings(chunk=64))
     item = json.loads(Path(out.item_url).read_text())
-    res = run_cli("catalog", "search", "--lake", str(lake), "--collection", "datacubes", "--format", "json")
+    res = run_cli("catalog", "search", "--lake", str(lake), "--collection", "cubelake-datacubes", "--format", "json")
     assert res.returncode == 0, no_traceback(res)
     [feature] = json.loads(res.stdout)["features"]
     assert feature["id"] == "ab"
@@ -310,13 +310,13 @@ def test_a_built_datacube_is_found_by_catalog_search(tmp_path: Path) -> None:
     with LakeCatalog(lake) as cat:
         assert ids(cat.search(Query(bbox=tuple(item["bbox"])))) == ["ab", "scene_a", "scene_b"]
         [hit] = cat.search(Query(datetime="2022-07-02"))  # inside the cube's interval, between the scenes
-        assert (hit.id, hit.href, hit.collection) == ("ab", "datacubes/ab/item.json", "datacubes")
+        assert (hit.id, hit.href, hit.collection) == ("ab", "datacubes/ab/item.json", "cubelake-datacubes")
         assert ids(cat.search(Query(), scenes_only=True)) == ["scene_a", "scene_b"]
         assert ids(cat.search(Query(wavelength_nm=(446, 454)))) == ["ab", "scene_a", "scene_b"]  # its bands count
         assert cat.validate([SHARED_SCHEMAS]).to_dict()["invalid"] == []
         assert cat.export_geoparquet(tmp_path / "all.parquet") == 3
     assert sorted(pq.read_table(tmp_path / "all.parquet").to_pydict()["id"]) == ["ab", "scene_a", "scene_b"]
-    coll = json.loads((lake / "collections" / "datacubes" / "collection.json").read_text())
+    coll = json.loads((lake / "collections" / "cubelake-datacubes" / "collection.json").read_text())
     assert validate_stac(coll, stac_registry([SHARED_SCHEMAS])) == []
     assert "datacubes built with 'cubelake cube build'" in coll["description"]
 
@@ -327,8 +327,8 @@ def test_a_built_datacube_is_found_by_catalog_search(tmp_path: Path) -> None:
     # a build killed between its commit and the catalog: the next run (up to date) indexes the cube
     with LakeCatalog(lake) as cat:
         assert cat.unpublish_derived("ab") is True
-        assert ids(cat.search(Query(collections=["datacubes"]))) == ["q"]
+        assert ids(cat.search(Query(collections=["cubelake-datacubes"]))) == ["q"]
     again = build_cube(lake, "ab", ["scene_a", "scene_b"], settings=given_settings(chunk=64))
     assert again.status == "up to date"
     with LakeCatalog(lake) as cat:
-        assert ids(cat.search(Query(collections=["datacubes"]))) == ["ab", "q"]
+        assert ids(cat.search(Query(collections=["cubelake-datacubes"]))) == ["ab", "q"]
