@@ -14,6 +14,7 @@ from . import ingest as _ingest
 from . import lake as _lake
 from . import predict as _predict
 from . import profiles as _profiles
+from . import sweep as _sweep
 from ._render import QUIET, VERBOSE, configure_output
 from .catalog import catalog_app
 from .cube import cube_app
@@ -49,6 +50,7 @@ app.add_typer(link_app, name="link")
 app.add_typer(loader_app, name="loader")
 app.add_typer(jobs_app, name="jobs")
 app.command("predict")(_predict.predict_cmd)
+app.command("sweep")(_sweep.sweep_cmd)
 
 
 def main() -> None:

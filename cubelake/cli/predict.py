@@ -46,11 +46,11 @@ def _model(path: Path, spec: Path | None) -> Any:
         except OSError as exc:
             raise typer.BadParameter(f"{spec}: {exc.strerror or exc}", param_hint="--spec") from None
         except CubelakeError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--spec") from None
+            raise fail(exc, 2) from None
     try:
         return load_model(path, given)
-    except CubelakeError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--model") from None
+    except CubelakeError as exc:  # one line naming the file (a usage error: the model given is not one)
+        raise fail(exc, 2) from None
 
 
 def _line(res: Any) -> str:

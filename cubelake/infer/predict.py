@@ -112,7 +112,7 @@ def predict_scene(lake: AnyLake | str | Path, scene_id: str, model: LoadedModel 
         published, etag = derived.read_item(lk, PREDICTIONS, name)
         from .blocks import resolve_halo
 
-        halo = resolve_halo(lm, settings, stats)
+        halo = stats.halo = resolve_halo(lm, settings, stats)
         ident = settings.identity(halo)
         digest = inputs_hash(lm, src.version, ident)
         if published is not None and derived.is_complete(lk, PREDICTIONS, name, published) and \

@@ -1,0 +1,191 @@
+"""Predictions in the lake, end to end: ``predict_scene`` / ``cubelake predict`` on real EnMAP tiles, the products
+opened in a fresh process, the STAC item validated with lineage, reruns no-ops, found by catalog search, on disk
+and on an S3 lake."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cubelake.catalog import LakeCatalog, Query
+from cubelake.catalog.validate import validate_stac
+from cubelake.infer import load_model
+from cubelake.infer.blocks import PredictSettings, predict_blocks
+from cubelake.infer.predict import predict_scene
+from cubelake.ingest import IngestOptions, ingest
+from cubelake.loaders.sources import open_source
+from tests.conftest import REAL, S3Server, no_traceback, run_cli
+
+SHARED_SCHEMAS = REAL.parent.parent / "schemas"
+TILES = ("enmap_potsdam_tile_96_0", "enmap_potsdam_tile_128_0")
+
+
+@pytest.fixture(scope="module")
+def lake16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two real EnMAP tiles as COG + Zarr with 16 px chunks (COG tiles), in a lake with a catalog."""
+    lake = tmp_path_factory.mktemp("predict") / "lake"
+    tifs = [REAL / "hsi_enmap_potsdam" / f"{t}.tif" for t in TILES]
+    res = ingest(tifs, lake, IngestOptions(chunk=16, products=("cog", "zarr")))
+    assert [r.outcome.value for r in res] == ["ingested", "ingested"], [r.message for r in res]
+    return lake
+
+
+def _expected(model_path: Path, lake: Path, scene: str, settings: PredictSettings) -> tuple[np.ndarray, np.ndarray]:
+    model = load_model(model_path)
+    src = open_source(lake / "scenes" / scene)
+    g = src.grid
+    cls = np.zeros((g.height, g.width), np.uint8)
+    probs = np.zeros((model.spec.classes, g.height, g.width), np.float32)
+    for b in predict_blocks(model, src, settings):
+        y, x = b.cy * g.chunk_y, b.cx * g.chunk_x
+        cls[y:y + b.classes.shape[0], x:x + b.classes.shape[1]] = b.classes
+        probs[:, y:y + b.classes.shape[0], x:x + b.classes.shape[1]] = b.probs
+    return cls, probs
+
+
+_READ_BACK = """
+import json, sys
+import numpy as np, rasterio, xarray as xr, zarr
+folder, name = sys.argv[1], sys.argv[2]
+with rasterio.open(f"{folder}/{name}_classes.tif") as d:
+    cls = d.read(1); crs = d.crs.to_wkt(); tr = list(d.transform)[:6]; nodata = d.nodata; tiles = d.block_shapes[0]
+with rasterio.open(f"{folder}/{name}_probabilities.tif") as d:
+    probs = d.read()
+ds = xr.open_dataset(f"{folder}/{name}.zarr", engine="zarr")
+z = zarr.open_group(f"{folder}/{name}.zarr", mode="r")
+np.save(f"{folder}/cls.npy", cls); np.save(f"{folder}/probs.npy", probs)
+np.save(f"{folder}/zcls.npy", ds["classes"].values); np.save(f"{folder}/zprobs.npy", z["probabilities"][:])
+print(json.dumps({"crs": crs, "transform": tr, "nodata": nodata, "tiles": list(tiles),
+                  "dims": list(ds["probabilities"].dims)}))
+"""
+
+
+def test_a_scene_predicted_into_the_lake(lake16: Path, models: dict[str, Path]) -> None:
+    scene = TILES[0]
+    res = predict_scene(lake16, scene, models["pixel3d"], PredictSettings(batch=256))
+    assert res.status == "predicted"
+    assert res.stats.chunks_decoded == 4
+    assert res.stats.redecodes == 0
+    item = json.loads(Path(res.item_url).read_text())
+    folder = Path(res.item_url).parent / "v" / item["properties"]["cubelake:version"]
+    out = subprocess.run([sys.executable, "-c", _READ_BACK, str(folder), res.name], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    meta = json.loads(out.stdout)
+    cls, probs = _expected(models["pixel3d"], lake16, scene, PredictSettings(batch=256))
+    assert np.array_equal(np.load(folder / "cls.npy"), cls)
+    assert np.array_equal(np.load(folder / "zcls.npy"), cls)
+    assert np.array_equal(np.load(folder / "probs.npy"), probs)
+    assert np.array_equal(np.load(folder / "zprobs.npy"), probs)
+    src = open_source(lake16 / "scenes" / scene)
+    assert meta["transform"] == pytest.approx(list(src.transform))
+    assert meta["nodata"] == 255
+    assert meta["tiles"] == [16, 16]
+    assert meta["dims"] == ["class", "y", "x"]
+    # the item: valid STAC 1.1 + mlm + processing, offline; lineage to the scene; the model and settings recorded
+    assert validate_stac(item) == []
+    props = item["properties"]
+    assert props["mlm:name"] == "pixel3d"
+    assert props["processing:level"] == "L4"
+    assert props["cubelake:model_sha256"] == load_model(models["pixel3d"]).sha256
+    assert props["cubelake:settings"]["halo"] == 2
+    derived = [ln for ln in item["links"] if ln["rel"] == "derived_from"]
+    assert [(Path(res.item_url).parent / ln["href"]).resolve() for ln in derived] == \
+        [(lake16 / "scenes" / scene / "item.json").resolve()]
+    scene_item = json.loads((lake16 / "scenes" / scene / "item.json").read_text())
+    assert (item["bbox"], item["properties"]["datetime"]) == (scene_item["bbox"], scene_item["properties"]["datetime"])
+    assert sum(props["cubelake:class_counts"]) == cls.size
+    # searchable like any item
+    with LakeCatalog(lake16) as cat:
+        hits = cat.search(Query(bbox=tuple(scene_item["bbox"]), collections=["cubelake-predictions"]))
+        assert [h.id for h in hits] == [res.name]
+        assert cat.validate([SHARED_SCHEMAS]).to_dict()["invalid"] == []
+
+
+def test_a_rerun_is_a_no_op_and_new_settings_make_a_new_version(lake16: Path, models: dict[str, Path]) -> None:
+    scene = TILES[1]
+    first = predict_scene(lake16, scene, models["seg"])
+    item_path = Path(first.item_url)
+    before = (item_path.read_bytes(), item_path.stat().st_mtime_ns)
+    versions = sorted(p.name for p in (item_path.parent / "v").iterdir())
+    again = predict_scene(lake16, scene, models["seg"])
+    assert again.status == "up to date"
+    assert (item_path.read_bytes(), item_path.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in (item_path.parent / "v").iterdir()) == versions
+    other = predict_scene(lake16, scene, models["seg"], PredictSettings(blend="cosine", halo=6))
+    assert other.status == "predicted"
+    new = json.loads(item_path.read_text())
+    assert new["properties"]["cubelake:settings"]["blend"] == "cosine"
+    assert sorted(p.name for p in (item_path.parent / "v").iterdir()) == [new["properties"]["cubelake:version"]]
+    assert new["properties"]["cubelake:version"] not in versions
+
+
+def test_the_cli_predicts_scenes_chosen_by_search(lake16: Path, models: dict[str, Path], tmp_path: Path) -> None:
+    res = run_cli("predict", "--lake", str(lake16), "--model", str(models["spectral1d"]), "--collection", "enmap-l2a",
+                  "--outputs", "classes", "--format", "json")
+    assert res.returncode == 0, no_traceback(res)
+    results = json.loads(res.stdout)["results"]
+    assert sorted(r["scene_id"] for r in results) == sorted(TILES)
+    assert {r["status"] for r in results} == {"predicted"}
+    text = run_cli("predict", "--lake", str(lake16), "--model", str(models["spectral1d"]), "--scene", TILES[0],
+                   "--outputs", "classes")
+    assert text.returncode == 0, no_traceback(text)
+    assert f"{TILES[0]}: up to date" in text.stdout
+    listed = run_cli("catalog", "search", "--lake", str(lake16), "--collection", "cubelake-predictions", "--format", "json")
+    ids = sorted(f["id"] for f in json.loads(no_traceback(listed) and listed.stdout)["features"])
+    assert f"{TILES[0]}__spectral1d" in ids
+    assert f"{TILES[1]}__spectral1d" in ids
+    # bad input: one line, no traceback, the right exit code
+    junk = tmp_path / "junk.pt"
+    junk.write_text("x")
+    bad = run_cli("predict", "--lake", str(lake16), "--model", str(junk), "--scene", TILES[0])
+    assert bad.returncode == 2
+    assert "not a TorchScript or torch.export archive" in no_traceback(bad)
+    missing = run_cli("predict", "--lake", str(lake16), "--model", str(models["seg"]), "--scene", "no_such_scene")
+    assert missing.returncode == 1
+    assert "no scene 'no_such_scene'" in no_traceback(missing)
+    blend = run_cli("predict", "--lake", str(lake16), "--model", str(models["seg"]), "--scene", TILES[0], "--blend", "x")
+    assert blend.returncode == 2
+    assert "blend 'x'" in no_traceback(blend)
+    small = run_cli("predict", "--lake", str(lake16), "--model", str(models["seg"]), "--scene", TILES[0],
+                    "--halo", "1", "--strict-halo")
+    assert small.returncode == 1
+    assert "receptive field" in no_traceback(small)
+
+
+@pytest.mark.s3
+def test_an_s3_lake_gets_its_predictions_there(s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+                                               models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "CUBELAKE_CACHE": str(tmp_path / "cache"),
+           "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{s3_bucket}/lake"
+    res = ingest([REAL / "hsi_enmap_potsdam" / f"{TILES[0]}.tif"], url, IngestOptions(chunk=16, products=("zarr",)))
+    assert res[0].outcome.value == "ingested", res[0].message
+    out = predict_scene(url, TILES[0], models["spectral1d"])
+    assert out.status == "predicted"
+    assert out.item_url == f"{url}/predictions/{TILES[0]}__spectral1d/item.json"
+    assert predict_scene(url, TILES[0], models["spectral1d"]).status == "up to date"
+    with LakeCatalog(url) as cat:
+        assert [h.id for h in cat.search(Query(collections=["cubelake-predictions"]))] == [out.name]
+        item = cat.get(out.name)
+    assert validate_stac(item) == []
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket, Prefix="lake/predictions/")["Contents"]]
+    assert any(k.endswith("_classes.tif") for k in keys)
+    assert any(k.endswith(".zarr/zarr.json") for k in keys)
+
+
+def test_results_to_dict(lake16: Path, models: dict[str, Path]) -> None:
+    predict_scene(lake16, TILES[0], models["pixel3d"], PredictSettings(batch=256))
+    out: Any = predict_scene(lake16, TILES[0], models["pixel3d"], PredictSettings(batch=512)).to_dict()
+    assert out["status"] == "up to date"  # the batch size does not change the values: not part of the identity
+    assert out["name"] == f"{TILES[0]}__pixel3d"
+    assert out["stats"]["halo"] == 2
