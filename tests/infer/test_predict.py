@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from cubelake.catalog import LakeCatalog, Query
 from cubelake.catalog.validate import validate_stac
@@ -189,3 +190,15 @@ def test_results_to_dict(lake16: Path, models: dict[str, Path]) -> None:
     assert out["status"] == "up to date"  # the batch size does not change the values: not part of the identity
     assert out["name"] == f"{TILES[0]}__pixel3d"
     assert out["stats"]["halo"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_scene_predicted_on_cuda_matches_the_cpu(lake16: Path, models: dict[str, Path]) -> None:
+    for name in ("pixel3d", "seg"):
+        cpu_cls, cpu_probs = _expected(models[name], lake16, TILES[0], PredictSettings())
+        gpu_cls, gpu_probs = _expected(models[name], lake16, TILES[0], PredictSettings(device="cuda"))
+        assert np.array_equal(gpu_cls, cpu_cls)
+        np.testing.assert_allclose(gpu_probs, cpu_probs, atol=1e-4)
+        half_cls, _ = _expected(models[name], lake16, TILES[0], PredictSettings(device="cuda", dtype="bf16"))
+        assert (half_cls == cpu_cls).mean() >= 0.95
