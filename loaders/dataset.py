@@ -131,6 +131,17 @@ def _query_text(q: Any) -> str:
     return ", ".join(f"{k}={getattr(q, k)!r}" for k in q.__dataclass_fields__ if getattr(q, k) not in (None, (), ""))
 
 
+def _scene_products(prods: list[ProductLike]) -> list[ProductLike]:
+    """``prods`` without the derived items (datacubes, predictions) a catalog search also finds: the loader reads scenes."""
+    from cubelake.catalog.derived import is_derived_href
+
+    derived = [p for p in prods if is_derived_href(getattr(p, "href", None))]
+    if derived:
+        log.info("the loader reads scenes: %d derived item(s) of the search left out (%s)", len(derived),
+                 ", ".join(str(getattr(p, "id", p)) for p in derived[:5]) + (", ..." if len(derived) > 5 else ""))
+    return [p for p in prods if not is_derived_href(getattr(p, "href", None))]
+
+
 class CubeDataset(IterableDataset[dict[str, Any]]):
     """Batches of windows cut from hyperspectral products, planned so each chunk is decoded once per epoch.
 
@@ -169,7 +180,7 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         self.prefetch = max(0, int(prefetch))
         self.prefetch_batches = max(0, int(prefetch_batches))
         self.disk_cache = str(disk_cache) if disk_cache is not None else None
-        prods = list(products)
+        prods = _scene_products(list(products))
         if not prods:
             raise ProductError("no products given to the loader (an empty catalog search?)")
         label_paths = list(labels) if labels is not None else [None] * len(prods)

@@ -150,6 +150,11 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "jobs list --lake lake --format json": lambda out: _check(
         {j["job"] for j in json.loads(out)["jobs"]} == {"demo", "nightly-potsdam"}, out),
     "jobs run --due manifests/": lambda out: _check("not due manifests/nightly.yaml" in out, out),
+    "predict --lake lake --model hsi3d.pt": lambda out: _check(
+        out.count("predicted 1024 pixels") == 4 and "chunks decoded" in out, out),
+    "--collection cubelake-predictions": lambda out: _check("4 item(s)" in out and "__hsi3d" in out, out),
+    "sweep --model hsi3d.pt": lambda out: _check("OOM search (x1.5 then bisection): largest batch that fits" in out
+                                                 and "memory model: M = " in out, out),
 }
 #: what a Python block must print, keyed by a unique part of its code
 PY_OUTPUT: dict[str, list[str]] = {

@@ -107,6 +107,13 @@ def test_a_scene_predicted_into_the_lake(lake16: Path, models: dict[str, Path]) 
         hits = cat.search(Query(bbox=tuple(scene_item["bbox"]), collections=["cubelake-predictions"]))
         assert [h.id for h in hits] == [res.name]
         assert cat.validate([SHARED_SCHEMAS]).to_dict()["invalid"] == []
+        everything = cat.search(Query(bbox=tuple(scene_item["bbox"])))
+    # a plain search finds the prediction too; the loader, given it, reads the scenes only
+    assert res.name in [h.id for h in everything]
+    from cubelake.loaders import CubeDataset
+
+    ds = CubeDataset(everything, lake=lake16)
+    assert sorted(s.scene_id for s in ds.sources) == sorted(h.id for h in everything if h.id != res.name)
 
 
 def test_a_rerun_is_a_no_op_and_new_settings_make_a_new_version(lake16: Path, models: dict[str, Path]) -> None:
