@@ -16,24 +16,38 @@ from .cube import LAKE, TextOrJson, _open, _query
 def _settings(halo: int | None, blend: str, tile_chunks: int, batch: int, tile_batch: int, device: str, dtype: str,
               outputs: str, prob_dtype: str, strict_halo: bool, preprocessing: Path | None) -> Any:
     from cubelake.infer.blocks import PredictSettings
-    from cubelake.infer.spec import Preprocessing
 
     pre = None
     if preprocessing is not None:
-        try:
-            text = preprocessing.read_text()
-        except OSError as exc:
-            raise typer.BadParameter(f"{preprocessing}: {exc.strerror or exc}", param_hint="--preprocessing") from None
-        import json
-
-        try:
-            pre = Preprocessing.from_dict(json.loads(text), str(preprocessing))
-        except ValueError as exc:  # JSON and spec errors
-            raise typer.BadParameter(str(exc), param_hint="--preprocessing") from None
+        pre = _preprocessing(preprocessing)
     return PredictSettings(halo=halo, blend=blend, tile_chunks=tile_chunks, batch=batch,  # type: ignore[arg-type]
                            tile_batch=tile_batch, device=device, dtype=dtype,  # type: ignore[arg-type]
                            outputs=tuple(o.strip() for o in outputs.split(",") if o.strip()),
                            prob_dtype=prob_dtype, strict_halo=strict_halo, preprocessing=pre)  # type: ignore[arg-type]
+
+
+_MAX_JSON = 64 * 1024 * 1024  # a 4096 x 4096 projection matrix as JSON is about this size
+
+
+def _preprocessing(path: Path) -> Any:
+    """The ``--preprocessing`` file (untrusted: bounded in size and nesting, every field checked)."""
+    import json
+
+    from cubelake.infer.spec import Preprocessing
+
+    try:
+        if path.stat().st_size > _MAX_JSON:
+            raise typer.BadParameter(f"{path}: larger than {_MAX_JSON // 2**20} MiB; a preprocessing file holds a few "
+                                     "vectors and a projection matrix", param_hint="--preprocessing")
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise typer.BadParameter(f"{path}: {exc.strerror or exc}", param_hint="--preprocessing") from None
+    except (ValueError, RecursionError) as exc:
+        raise fail(CubelakeError(f"{path}: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"), 2) from None
+    try:
+        return Preprocessing.from_dict(doc, str(path))
+    except CubelakeError as exc:
+        raise fail(exc, 2) from None
 
 
 def _model(path: Path, spec: Path | None) -> Any:

@@ -13,7 +13,6 @@ acquisition time is unknown is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,25 +135,19 @@ def scene_from_record(record: SceneRecord, location: str) -> CubeScene:
 
 
 def select_scene_ids(lake: AnyLake, ids: Sequence[str], query: Any | None) -> list[str]:
-    """The ids of the scenes to build from: ``ids``, or the catalog's hits for ``query`` (among ``ids`` if given)."""
-    if query is None:
-        if not ids:
-            raise CubeSettingsError("no scenes chosen: give scene ids, or search options (--bbox, --datetime, "
-                                    "--collection ...) that select them from the catalog")
-        return sorted(set(ids))
-    from cubelake.catalog import LakeCatalog
+    """The ids of the scenes to build from (:func:`cubelake.catalog.select.select_scene_ids`), its errors as the
+    datacube's own: nothing chosen is a settings error, scenes not found a datacube error."""
+    from cubelake.catalog.select import select_scene_ids as select
+    from cubelake.errors import CatalogError, CatalogQueryError
 
-    q = dataclasses.replace(query, ids=tuple(ids)) if ids else query
-    with LakeCatalog(lake) as cat:
-        found = sorted({h.id for h in cat.search(q, scenes_only=True)})
-    missing = sorted(set(ids) - set(found))
-    if missing:
-        raise DatacubeError(f"scene(s) {', '.join(missing)} are not in the catalog of {lake.url} or do not match the "
-                            "search options; list them with 'cubelake catalog search'")
-    if not found:
-        raise DatacubeError(f"no scene of {lake.url} matches the search options; try them with "
-                            "'cubelake catalog search'")
-    return found
+    try:
+        return select(lake, ids, query)
+    except CatalogQueryError as exc:
+        if query is None:
+            raise CubeSettingsError(str(exc)) from None
+        raise
+    except CatalogError as exc:
+        raise DatacubeError(str(exc)) from None
 
 
 def load_scenes(lake: AnyLake, ids: Sequence[str]) -> list[CubeScene]:

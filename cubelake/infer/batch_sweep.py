@@ -139,14 +139,19 @@ def run_sweep(model: str | Path | LoadedModel, settings: SweepSettings, *, spec:
         m.to(device, settings.torch_dtype)
         prime(m, settings)
     note = on_trial or (lambda t: None)
-    trials = _timing_curve(m, settings, note)
-    curve = [t for t in trials if t.ok]
+    try:
+        trials = _timing_curve(m, settings, note)
+        curve = [t for t in trials if t.ok]  # the timing curve: the OOM search's trials are not on it
+        search = None
+        if settings.find_oom:
+            search, more = _search(m, settings, trials, note)
+            trials += more
+    finally:  # the fresh-process trial servers (torch loaded) do not outlive the sweep
+        from ._fresh import _close_servers
+
+        _close_servers()
     xs, ys = [t.batch for t in curve], [t.ms_per_batch / t.batch for t in curve if t.ms_per_batch is not None]
     es = elasticities(xs, ys)
-    search = None
-    if settings.find_oom:
-        search, more = _search(m, settings, trials, note)
-        trials += more
     peaks = [(t.batch, t.peak_bytes) for t in trials if t.ok and t.peak_bytes is not None]
     memory = fit_memory([b for b, _ in peaks], [p for _, p in peaks])
     env = environment(device)

@@ -22,7 +22,7 @@ from cubelake.loaders.reader import ReaderConfig
 from .errors import InferError
 from .model import LoadedModel, measure_receptive_field
 from .runner import WindowReader, run_tile_row
-from .spec import Preprocessing
+from .spec import ModelSpec, Preprocessing
 from .tiling import BLENDS, Blend, Stitcher, TilePlan, blend_weights, plan_tiles
 
 __all__ = ["DTYPES", "OUTPUTS", "Block", "PredictSettings", "PredictStats", "predict_blocks", "resolve_halo"]
@@ -73,12 +73,19 @@ class PredictSettings:
         if self.halo is not None and not 0 <= self.halo <= 4096:
             raise InferError(f"halo={self.halo}: pixels, 0..4096")
 
-    def identity(self, halo: int) -> dict[str, Any]:
-        """What determines the product's values (not where or how fast it ran): part of its inputs hash."""
+    def identity(self, halo: int, kind: str) -> dict[str, Any]:
+        """What determines the product's values (not where or how fast it ran): part of its inputs hash.
+        Per-pixel models are blended by nothing and tiled to no effect: recorded as what ran."""
         d = {k: v for k, v in asdict(self).items() if k not in ("device", "batch", "tile_batch", "strict_halo",
                                                                   "preprocessing")}
         d.update(halo=halo, outputs=list(self.outputs))
+        if kind == "pixel":
+            d.update(blend="center", tile_chunks=None)
         return d
+
+    def effective_preprocessing(self, spec: ModelSpec) -> Preprocessing:
+        """The band steps this run applies: the settings' override, the model's own, or none."""
+        return self.preprocessing or spec.preprocessing or Preprocessing()
 
 
 @dataclass
@@ -146,15 +153,17 @@ def _blocks_of_row(plan: TilePlan, row: int, probs: np.ndarray, wsum: np.ndarray
                         probs[:, a:b, c:d] if "probabilities" in settings.outputs else None)
 
 
-def predict_blocks(model: LoadedModel, src: ChunkSource, settings: PredictSettings, *,
+def predict_blocks(model: LoadedModel, src: ChunkSource, settings: PredictSettings, *, halo: int | None = None,
                    reader: ReaderConfig | None = None, stats: PredictStats | None = None) -> Iterator[Block]:
-    """Predict the whole scene ``src`` and yield its chunks, row-major (see the module docstring)."""
+    """Predict the whole scene ``src`` and yield its chunks, row-major (see the module docstring).
+
+    ``halo``: as :func:`resolve_halo` gave it (``None``: resolved here)."""
     stats = stats if stats is not None else PredictStats()
     t0 = time.perf_counter()
     if (model.device, model.dtype) != (settings.device, DTYPES[settings.dtype]):
         model.to(settings.device, DTYPES[settings.dtype])
-    pre = settings.preprocessing or model.spec.preprocessing or Preprocessing()
-    halo = stats.halo = resolve_halo(model, settings, stats)
+    pre = settings.effective_preprocessing(model.spec)
+    halo = stats.halo = resolve_halo(model, settings, stats) if halo is None else halo
     g = src.grid
     plan = plan_tiles(g.height, g.width, g.chunk_y, g.chunk_x, 0 if model.spec.kind == "pixel" else halo,
                       settings.tile_chunks)

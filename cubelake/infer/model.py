@@ -166,29 +166,44 @@ def save_model(module: torch.nn.Module, path: str | Path, spec: ModelSpec, *,
     return p
 
 
-def measure_receptive_field(model: LoadedModel, *, limit: int = 64, seed: int = 0) -> int:
-    """The radius (pixels) over which one input pixel changes a dense model's output, measured.
-
-    One random tile of ``2*limit+1`` pixels a side is run twice, the second time with its centre
-    pixel changed in every band; the output differs exactly where the centre pixel is in the
-    receptive field. Returns ``limit`` when the influence reaches the tile's edge (at least that much).
-    """
-    spec = model.spec
-    if spec.kind == "pixel":
-        return spec.patch // 2
+def _reach(model: LoadedModel, limit: int, seed: int) -> int:
+    """The radius of the output change a one-pixel change at the centre of a ``2*limit+1`` tile makes."""
     size = 2 * limit + 1
-    x = spec.example(1, size=size, seed=seed, dtype=model.dtype, device=model.device)
+    x = model.spec.example(1, size=size, seed=seed, dtype=model.dtype, device=model.device)
     y0 = model(x).float()
     x2 = x.clone()
     x2[..., limit, limit] += 3.0
-    diff = (model(x2).float() - y0).abs()
-    reach = diff.reshape(-1, size, size).amax(dim=0) > 0
+    reach = ((model(x2).float() - y0).abs().reshape(-1, size, size).amax(dim=0) > 0).cpu()
     if not bool(reach.any()):
         return 0
     rows = torch.nonzero(reach.any(dim=1)).flatten()
     cols = torch.nonzero(reach.any(dim=0)).flatten()
-    r = max(limit - int(rows.min()), int(rows.max()) - limit, limit - int(cols.min()), int(cols.max()) - limit)
-    return int(r)
+    return int(max(limit - int(rows.min()), int(rows.max()) - limit, limit - int(cols.min()), int(cols.max()) - limit))
+
+
+def measure_receptive_field(model: LoadedModel, *, limit: int = 64, max_limit: int = 512, seed: int = 0) -> int:
+    """The radius (pixels) over which one input pixel changes a dense model's output, measured.
+
+    A random tile of ``2*limit+1`` pixels a side is run twice, the second time with its centre pixel
+    changed in every band; the output differs exactly where the centre pixel is in the receptive
+    field (as far as the tile reaches). The tile is doubled until two sizes agree on a radius below
+    half the smaller one (a dilated kernel's sparse reach shows only once the tile covers its taps),
+    up to ``max_limit``; a field not settled by then is reported as the largest radius seen, with a
+    warning to declare ``receptive_field`` in the spec. Models whose reach skips more than ``limit``
+    pixels at once (dilations over 64 px) must declare it.
+    """
+    if model.spec.kind == "pixel":
+        return model.spec.patch // 2
+    prev = -1
+    while True:
+        r = _reach(model, limit, seed)
+        if r == prev and 2 * r < limit:
+            return r
+        if limit >= max_limit:
+            log.warning("%s: the receptive field did not settle within %d px (at least %d px measured); declare "
+                        "receptive_field in the model's spec", model.path, max_limit, max(r, prev))
+            return max(r, prev)
+        prev, limit = r, min(2 * limit, max_limit)
 
 
 def with_spec(model: LoadedModel, **changes: Any) -> LoadedModel:

@@ -31,11 +31,11 @@ from cubelake.loaders.reader import ReaderConfig
 from cubelake.loaders.sources import open_source
 from cubelake.object_lake import new_version
 
-from .blocks import PredictSettings, PredictStats, predict_blocks
+from .blocks import PredictSettings, PredictStats, predict_blocks, resolve_halo
 from .errors import InferError
-from .model import LoadedModel, load_model
+from .model import LoadedModel, load_model, with_spec
 
-__all__ = ["PredictResult", "predict_name", "predict_scene", "predict_scenes", "select_scenes"]
+__all__ = ["PredictResult", "inputs_hash", "predict_name", "predict_scene", "predict_scenes", "scene_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -65,35 +65,32 @@ def predict_name(scene_id: str, model_name: str) -> str:
     return name
 
 
-def inputs_hash(model: LoadedModel, scene_version: str, settings: dict[str, Any]) -> str:
-    """What a published prediction is the function of: the model file, the scene's product, the settings."""
-    doc = {"model_sha256": model.sha256, "scene_version": scene_version, "settings": settings}
+def inputs_hash(model: LoadedModel, scene: dict[str, Any], settings: dict[str, Any]) -> str:
+    """What a published prediction is the function of: the model file and the spec it ran with (given or
+    its own), the scene's product (:func:`scene_identity`) and the settings that shape the values (with the
+    preprocessing actually applied)."""
+    doc = {"model_sha256": model.sha256, "spec": model.spec.to_dict(), "scene": scene, "settings": settings}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def select_scenes(lake: AnyLake, ids: Sequence[str], query: Any | None) -> list[str]:
-    """Scene ids: ``ids``, or the catalog's scene hits for ``query`` (among ``ids`` if given); derived items
-    (predictions, datacubes) are never predicted from."""
-    if query is None:
-        if not ids:
-            raise InferError("no scenes chosen: give --scene IDs, or search options (--bbox, --datetime, "
-                             "--collection ...) that select them from the catalog")
-        return list(dict.fromkeys(ids))
-    from cubelake.catalog import LakeCatalog
-
-    q = dataclasses.replace(query, ids=tuple(ids)) if ids else query
-    with LakeCatalog(lake) as cat:
-        found = sorted({h.id for h in cat.search(q, scenes_only=True)})
-    if not found:
-        raise InferError(f"no scene of {lake.url} matches the search options; try them with 'cubelake catalog search'")
-    return found
+def scene_identity(lake: AnyLake, scene_id: str, src: Any) -> dict[str, Any]:
+    """The scene's product as a prediction depends on it: what was ingested (content), how (config), which
+    product and grid was read, and the product's own version."""
+    record = lake.scene_record(scene_id)
+    g = src.grid
+    return {"content_hash": getattr(record, "content_hash", None), "config_hash": getattr(record, "config_hash", None),
+            "product": src.kind, "grid": [g.height, g.width, g.chunk_y, g.chunk_x], "version": src.version}
 
 
 def _scene_source(lake: AnyLake, scene_id: str) -> Any:
     if lake.scene_record(scene_id) is None:
         raise InferError(f"no scene {scene_id!r} in {lake.url}; list them with 'cubelake catalog search --lake {lake.url}'")
     where = lake.scene_dir(scene_id) if isinstance(lake, Lake) else lake.store.url_of(f"scenes/{scene_id}")
-    return open_source(where, storage_options=None if lake.is_local else lake.store.options)
+    src = open_source(where, storage_options=None if lake.is_local else lake.store.options)
+    if src.grid.chunk_y != src.grid.chunk_x:
+        raise InferError(f"{src.url}: its chunks are {src.grid.chunk_y}x{src.grid.chunk_x} px; predictions are "
+                         "written on square chunks (re-ingest the scene with --chunk N)")
+    return src
 
 
 def predict_scene(lake: AnyLake | str | Path, scene_id: str, model: LoadedModel | str | Path,
@@ -110,32 +107,32 @@ def predict_scene(lake: AnyLake | str | Path, scene_id: str, model: LoadedModel 
     stats = PredictStats()
     with derived.product_lock(lk, PREDICTIONS, name):
         published, etag = derived.read_item(lk, PREDICTIONS, name)
-        from .blocks import resolve_halo
-
         halo = stats.halo = resolve_halo(lm, settings, stats)
-        ident = settings.identity(halo)
-        digest = inputs_hash(lm, src.version, ident)
+        ran = with_spec(lm, preprocessing=settings.effective_preprocessing(lm.spec))  # as recorded in the item
+        ident = settings.identity(halo, lm.spec.kind)
+        digest = inputs_hash(ran, scene_identity(lk, scene_id, src), ident)
         if published is not None and derived.is_complete(lk, PREDICTIONS, name, published) and \
                 (published.get("properties") or {}).get("cubelake:inputs_hash") == digest:
             log.info("%s: prediction %s is up to date", lk.url, name)
             return PredictResult(scene_id, name, "up to date", _item_url(lk, name), stats=stats)
         with derived.product_staging(lk, PREDICTIONS, name) as staged:
-            item = _write(lk, name, scene_id, src, lm, settings, staged, stats, digest, ident)
+            item = _write(lk, name, scene_id, src, ran, settings, staged, stats, digest, ident, halo, reader)
             derived.publish(lk, PREDICTIONS, name, staged, item, etag)
     _index(lk, name)
     return PredictResult(scene_id, name, "predicted", _item_url(lk, name), stats=stats)
 
 
 def _write(lk: AnyLake, name: str, scene_id: str, src: Any, lm: LoadedModel, settings: PredictSettings,
-           staged: Path, stats: PredictStats, digest: str, ident: dict[str, Any]) -> dict[str, Any]:
+           staged: Path, stats: PredictStats, digest: str, ident: dict[str, Any], halo: int,
+           reader: ReaderConfig | None) -> dict[str, Any]:
     from .item import prediction_item
     from .product import PredictionWriter
 
     g = src.grid
     version = new_version()
-    cog = g.chunk_y == g.chunk_x and g.chunk_y % 16 == 0
+    cog = g.chunk_y % 16 == 0
     if not cog:
-        msg = (f"the scene's chunks are {g.chunk_y}x{g.chunk_x} px, and COG tiles (the chunks) must be square "
+        msg = (f"the scene's chunks are {g.chunk_y}x{g.chunk_x} px, and COG tiles (the chunks) must be "
                "multiples of 16 px: the prediction is written as Zarr only")
         log.warning("%s: %s", name, msg)
         stats.warnings.append(msg)
@@ -143,7 +140,7 @@ def _write(lk: AnyLake, name: str, scene_id: str, src: Any, lm: LoadedModel, set
                               transform=src.transform, classes=lm.spec.classes, outputs=settings.outputs,
                               prob_dtype=settings.prob_dtype, cog=cog)
     try:
-        for b in predict_blocks(lm, src, settings, stats=stats):
+        for b in predict_blocks(lm, src, settings, halo=halo, reader=reader, stats=stats):
             writer.write(b.cy, b.cx, b.classes, b.probs)
         assets = writer.finish()
     except BaseException:
@@ -176,9 +173,11 @@ def predict_scenes(lake: AnyLake | str | Path, scene_ids: Sequence[str], model: 
                    settings: PredictSettings | None = None, *, query: Any | None = None,
                    progress: Progress | None = None) -> list[PredictResult]:
     """:func:`predict_scene` for each chosen scene; one scene's failure is its result, the others go on."""
+    from cubelake.catalog.select import select_scene_ids
+
     lk = open_lake(lake, create=False)
     lm = model if isinstance(model, LoadedModel) else load_model(model)
-    ids = select_scenes(lk, scene_ids, query)
+    ids = select_scene_ids(lk, scene_ids, query)
     out = []
     for n, sid in enumerate(ids, 1):
         t0 = time.perf_counter()

@@ -127,7 +127,10 @@ def _forward(model: LoadedModel, x: np.ndarray) -> np.ndarray:
     try:
         out = model(_to_device(x, model)).float()
     except torch.cuda.OutOfMemoryError:
-        raise
+        torch.cuda.empty_cache()
+        raise InferError(f"{model.path}: {model.device} ran out of memory on a batch of shape {tuple(x.shape)}; "
+                         "give a smaller --batch (per-pixel models) or --tile-batch / --tile-chunks (dense "
+                         "models); 'cubelake sweep --find-oom' finds the largest batch that fits") from None
     except RuntimeError as exc:
         raise ModelError(f"{model.path}: the model failed on an input of shape {tuple(x.shape)}: "
                          f"{str(exc).splitlines()[0]}") from None

@@ -209,3 +209,106 @@ def test_a_scene_predicted_on_cuda_matches_the_cpu(lake16: Path, models: dict[st
         np.testing.assert_allclose(gpu_probs, cpu_probs, atol=1e-4)
         half_cls, _ = _expected(models[name], lake16, TILES[0], PredictSettings(device="cuda", dtype="bf16"))
         assert (half_cls == cpu_cls).mean() >= 0.95
+
+
+def _tiled_enmap(folder: Path, nodata_chunk: bool = True) -> Path:
+    """The real EnMAP tile repeated to 96 x 128 px (its tags, scales and nodata kept), the first 64 x 64 block nodata."""
+    import rasterio
+
+    src = REAL / "hsi_enmap_potsdam" / f"{TILES[0]}.tif"
+    dst = folder / "enmap_potsdam_tile_big.tif"
+    with rasterio.open(src) as d:
+        prof, arr, tags = d.profile.copy(), d.read(), d.tags()
+        band_tags = [d.tags(i) for i in range(1, d.count + 1)]
+        desc, scales, offsets = d.descriptions, d.scales, d.offsets
+    big = np.tile(arr, (1, 3, 4))
+    if nodata_chunk:
+        big[:, :64, :64] = prof["nodata"]
+    prof.update(height=big.shape[1], width=big.shape[2])
+    with rasterio.open(dst, "w", **prof) as out:
+        out.write(big)
+        out.update_tags(**tags)
+        for i, t in enumerate(band_tags, 1):
+            out.update_tags(i, **t)
+        out.descriptions, out.scales, out.offsets = desc, scales, offsets
+    return dst
+
+
+@pytest.fixture(scope="module")
+def big_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake of the tiled tile (COG + Zarr, 64 px chunks); its source file stays beside the lake."""
+    folder = tmp_path_factory.mktemp("big")
+    lake = folder / "lake"
+    tif = _tiled_enmap(folder)
+    res = ingest([tif], lake, IngestOptions(chunk=64, products=("cog", "zarr")))
+    assert res[0].outcome.value == "ingested", res[0].message
+    return lake
+
+
+def test_nodata_chunks_and_every_product_kind(big_lake: Path, models: dict[str, Path]) -> None:
+    """A chunk Zarr never stored (all nodata) comes out nodata (255 / NaN); the scene read from its COG gives
+    the map its Zarr gives (CF scale from the scene record: the COG's references carry none)."""
+    scene = "enmap_potsdam_tile_big"
+    zarr_src = open_source(big_lake / "scenes" / scene, prefer=("zarr",))
+    cog_src = open_source(big_lake / "scenes" / scene, prefer=("cog",))
+    assert (cog_src.kind, cog_src.scale, cog_src.add_offset) == ("cog", zarr_src.scale, zarr_src.add_offset)
+    assert zarr_src.valid_chunks() is not None
+    assert not zarr_src.valid_chunks()[0, 0]
+    for name in ("pixel3d", "seg"):
+        maps = []
+        for src in (zarr_src, cog_src):
+            model = load_model(models[name])
+            cls = np.zeros((96, 128), np.uint8)
+            probs = np.zeros((model.spec.classes, 96, 128), np.float32)
+            for b in predict_blocks(model, src, PredictSettings()):
+                y, x = b.cy * 64, b.cx * 64
+                cls[y:y + b.classes.shape[0], x:x + b.classes.shape[1]] = b.classes
+                probs[:, y:y + b.classes.shape[0], x:x + b.classes.shape[1]] = b.probs
+            maps.append((cls, probs))
+        (zc, zp), (cc, cp) = maps
+        assert (zc[:64, :64] == 255).all()
+        assert np.isnan(zp[:, :64, :64]).all()
+        assert (zc[64:] != 255).all()
+        assert np.isfinite(zp[:, 64:]).all()
+        assert np.array_equal(zc, cc)
+        np.testing.assert_allclose(zp, cp, atol=1e-6)
+
+
+def test_what_changes_the_values_changes_the_hash(big_lake: Path, models: dict[str, Path]) -> None:
+    """A new preprocessing or spec re-predicts; settings that cannot change a per-pixel model's values do not;
+    the same file re-ingested on another grid re-predicts."""
+    import json as _json
+
+    from cubelake.infer import ModelSpec, Preprocessing
+
+    scene = "enmap_potsdam_tile_big"
+    assert predict_scene(big_lake, scene, models["spectral1d"]).status == "predicted"
+    assert predict_scene(big_lake, scene, models["spectral1d"], PredictSettings(blend="mean", tile_chunks=2)).status \
+        == "up to date"
+    raw = PredictSettings(preprocessing=Preprocessing(normalize="none"))
+    redo = predict_scene(big_lake, scene, models["spectral1d"], raw)
+    assert redo.status == "predicted"
+    item = _json.loads(Path(redo.item_url).read_text())
+    assert "in physical values" in item["properties"]["mlm:input"][0]["description"]  # what ran, not the file's
+    spec = load_model(models["spectral1d"]).spec
+    as_probs = load_model(models["spectral1d"], ModelSpec.from_dict({**spec.to_dict(), "output": "probabilities"}))
+    assert predict_scene(big_lake, scene, as_probs, raw).status == "predicted"
+    assert predict_scene(big_lake, scene, as_probs, raw).status == "up to date"
+    # the scene re-ingested in place (force) with other chunks: a new grid, a new prediction
+    tif = big_lake.parent / "enmap_potsdam_tile_big.tif"
+    res = ingest([tif], big_lake, IngestOptions(chunk=32, products=("zarr",), force=True))
+    assert res[0].outcome.value == "ingested", res[0].message
+    assert open_source(big_lake / "scenes" / scene).grid.chunk_y == 32
+    again = predict_scene(big_lake, scene, as_probs, raw)
+    assert again.status == "predicted"
+    assert again.stats.tiles == 12
+
+
+def test_a_dilated_model_s_receptive_field_is_measured(tmp_path: Path) -> None:
+    from cubelake.infer import ModelSpec, measure_receptive_field, save_model
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=40, dilation=40), torch.nn.ReLU(),
+                              torch.nn.Conv2d(4, 2, 3, padding=40, dilation=40))
+    path = save_model(net, tmp_path / "dilated.pt2", ModelSpec(name="dilated", kind="dense", layout="BCHW", bands=3,
+                                                               classes=2, patch=0), format="export")
+    assert measure_receptive_field(load_model(path)) == 80
