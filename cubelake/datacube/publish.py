@@ -25,7 +25,7 @@ from typing import Any
 
 from cubelake import derived
 from cubelake.derived import DATACUBES, GRACE
-from cubelake.lake import AnyLake, open_lake, safe_scene_id
+from cubelake.lake import AnyLake, open_lake
 from cubelake.storage import open_store
 
 from .errors import CubeSettingsError, DatacubeError
@@ -36,10 +36,10 @@ __all__ = ["GRACE", "check_name", "cube_lock", "cube_staging", "cube_zarr_url", 
 
 def check_name(name: str) -> str:
     """A cube name: letters, digits, ``.``, ``_``, ``-`` (it names a folder and the STAC item id)."""
-    if not name or safe_scene_id(name) != name:
-        raise CubeSettingsError(f"cube name {name!r}: use letters, digits, '.', '_' and '-' only (not starting or "
-                                f"ending with a separator), e.g. {safe_scene_id(name or 'cube')!r}")
-    return name
+    try:
+        return derived.check_name(DATACUBES, name)
+    except derived.DerivedError as exc:  # a bad name is a settings (usage) error of the build
+        raise CubeSettingsError(str(exc)) from None
 
 
 @contextlib.contextmanager

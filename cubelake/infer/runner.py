@@ -132,8 +132,11 @@ def _forward(model: LoadedModel, x: np.ndarray) -> np.ndarray:
                          "give a smaller --batch (per-pixel models) or --tile-batch / --tile-chunks (dense "
                          "models); 'cubelake sweep --find-oom' finds the largest batch that fits") from None
     except RuntimeError as exc:
-        raise ModelError(f"{model.path}: the model failed on an input of shape {tuple(x.shape)}: "
-                         f"{str(exc).splitlines()[0]}") from None
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+        why = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"  # TorchScript puts the cause last
+        hint = (" (a dense model that needs sizes divisible by N declares pad_to: N in its spec)"
+                if model.spec.kind == "dense" and model.spec.pad_to == 1 else "")
+        raise ModelError(f"{model.path}: the model failed on an input of shape {tuple(x.shape)}: {why[:600]}{hint}") from None
     k = model.spec.classes
     if out.ndim < 2 or out.shape[0] != x.shape[0] or out.shape[1] != k:
         raise ModelError(f"{model.path}: for input {tuple(x.shape)} the model gave {tuple(out.shape)}, expected "
@@ -174,16 +177,30 @@ def _pixel_tile(model: LoadedModel, reader: WindowReader, tile: Tile, batch: int
     return TileOutput(Tile(tile.row, tile.col, tile.core, tile.core), probs, core_nodata)
 
 
-def _dense_group(model: LoadedModel, tiles: list[Tile], xs: list[np.ndarray]) -> list[np.ndarray]:
-    batch = np.stack(xs)
+def _padded(xs: list[np.ndarray], multiple: int, fill: float) -> np.ndarray:
+    """The windows stacked, each padded at its bottom/right with ``fill`` up to a multiple of ``multiple``."""
+    c, h, w = xs[0].shape
+    ph, pw = -(-h // multiple) * multiple, -(-w // multiple) * multiple
+    if (ph, pw) == (h, w):
+        return np.stack(xs)
+    out = np.full((len(xs), c, ph, pw), fill, np.float32)
+    for i, x in enumerate(xs):
+        out[i, :, :h, :w] = x
+    return out
+
+
+def _dense_group(model: LoadedModel, xs: list[np.ndarray], fill: float) -> list[np.ndarray]:
+    """Probabilities ``(classes, h, w)`` of equal-shaped windows run as one batch (padded to ``pad_to``, cropped)."""
+    h, w = xs[0].shape[1:]
+    batch = _padded(xs, model.spec.pad_to, fill)
     if model.spec.layout == "B1CHW":
         batch = batch[:, None]
     out = _forward(model, batch)
-    want = tuple(xs[0].shape[1:])
-    if tuple(out.shape[2:]) != want:
+    if tuple(out.shape[2:]) != tuple(batch.shape[-2:]):
         raise ModelError(f"{model.path}: a dense model must give one output per input pixel; for a "
-                         f"{want[0]}x{want[1]} window it gave {tuple(out.shape[2:])}")
-    return list(out)
+                         f"{batch.shape[-2]}x{batch.shape[-1]} window it gave {tuple(out.shape[2:])} (a model "
+                         "that needs sizes divisible by N declares pad_to: N in its spec)")
+    return list(out[:, :, :h, :w])
 
 
 def run_tile_row(model: LoadedModel, reader: WindowReader, row: list[Tile], *, batch: int,
@@ -198,7 +215,7 @@ def run_tile_row(model: LoadedModel, reader: WindowReader, row: list[Tile], *, b
 
     def flush() -> Iterator[TileOutput]:
         if pending:
-            outs = _dense_group(model, [t for t, _, _ in pending], [x for _, x, _ in pending])
+            outs = _dense_group(model, [x for _, x, _ in pending], reader.pre.fill)
             for (t, _, nd), probs in zip(pending, outs, strict=True):
                 probs[:, nd] = np.nan
                 yield TileOutput(t, probs, nd)

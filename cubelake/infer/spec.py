@@ -152,6 +152,7 @@ class ModelSpec:
     receptive_field: int | None = None
     output: Literal["logits", "probabilities"] = "logits"
     preprocessing: Preprocessing | None = field(default=None)
+    pad_to: int = 1  # dense models: input height/width must be multiples of this (a U-Net's 2**depth)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or safe_scene_id(self.name) != self.name:
@@ -163,7 +164,7 @@ class ModelSpec:
         if self.output not in ("logits", "probabilities"):
             raise ModelError(f"model output {self.output!r}: 'logits' or 'probabilities'")
         for what, v, lo, hi in (("bands", self.bands, 1, MAX_BANDS), ("classes", self.classes, 1, MAX_CLASSES),
-                                ("patch", self.patch, 0, MAX_PATCH)):
+                                ("patch", self.patch, 0, MAX_PATCH), ("pad_to", self.pad_to, 1, 1024)):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ModelError(f"model {what}={v!r}: expected an integer in [{lo}, {hi}]")
         if self.kind == "pixel":
@@ -214,7 +215,8 @@ class ModelSpec:
     def from_dict(cls, d: Any, where: str = "model spec") -> ModelSpec:
         if not isinstance(d, dict):
             raise ModelError(f"{where}: expected a JSON object")
-        known = {"name", "kind", "layout", "bands", "classes", "patch", "receptive_field", "output", "preprocessing"}
+        known = {"name", "kind", "layout", "bands", "classes", "patch", "receptive_field", "output", "preprocessing",
+                 "pad_to"}
         if set(d) - known:
             raise ModelError(f"{where}: unknown field(s) {sorted(set(d) - known)}")
         missing = {"name", "kind", "layout", "bands", "classes"} - set(d)

@@ -193,3 +193,39 @@ def test_reduced_precision_on_cpu(enmap_scene: dict[str, Any], models: dict[str,
     assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float16)
     err = np.abs(low - ref).max()
     assert 0 < err < 1e-2
+
+
+class TinyUNet(torch.nn.Module):
+    """Two poolings and two upsamplings: input sides must be multiples of 4."""
+
+    def __init__(self, bands: int, classes: int = 3) -> None:
+        super().__init__()
+        self.down = torch.nn.Conv2d(bands, 8, 3, padding=1)
+        self.mid = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.out = torch.nn.Conv2d(16, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.down(x))
+        b = torch.nn.functional.max_pool2d(a, 2)
+        b = torch.nn.functional.max_pool2d(torch.relu(self.mid(b)), 2)
+        up = torch.nn.functional.interpolate(b, scale_factor=4.0, mode="nearest")
+        return self.out(torch.cat([a, up], dim=1))
+
+
+def test_a_model_needing_sizes_divisible_by_n_declares_pad_to(enmap_scene: dict[str, Any], tmp_path: Path) -> None:
+    """Edge windows (e.g. 12 x 16 px) are padded with the fill to the next multiple and the output cropped."""
+    bands = int(enmap_scene["phys"].shape[0])
+    spec = dict(name="unet", kind="dense", layout="BCHW", bands=bands, classes=3, patch=0, receptive_field=6,
+                preprocessing=enmap_scene["pre"])
+    bare = load_model(save_model(TinyUNet(bands).eval(), tmp_path / "unet.pt", ModelSpec(**spec)))  # type: ignore[arg-type]
+    with pytest.raises(ModelError, match="declares pad_to"):
+        _assemble(bare, enmap_scene["src"], PredictSettings())
+    model = load_model(save_model(TinyUNet(bands).eval(), tmp_path / "unet4.pt", ModelSpec(**spec, pad_to=4)))  # type: ignore[arg-type]
+    probs, cls, st = _assemble(model, enmap_scene["src"], PredictSettings(halo=8))
+    assert st.tiles == 16
+    np.testing.assert_allclose(probs.sum(0), 1.0, atol=1e-5)
+    assert (cls < 3).all()
+    # the whole scene (32 x 32, already a multiple of 4) in one tile: the same map where windows align with the
+    # poolings (halo 8 keeps every window's origin on the 4-pixel grid)
+    whole, _, _ = _assemble(load_model(tmp_path / "unet4.pt"), enmap_scene["src"], PredictSettings(tile_chunks=4))
+    np.testing.assert_allclose(probs, whole, atol=1e-5)
