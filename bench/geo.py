@@ -54,14 +54,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import platform
 import shutil
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -73,6 +71,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
+
+from common import isolated  # noqa: E402
 
 WIN, STRIDE, CHUNK, GSD, BATCH = 32, 16, 64, 30.0, 64
 PRECISION = 6
@@ -214,33 +214,6 @@ def own_cpu_seconds() -> float:
 
 
 # -- child processes --------------------------------------------------------------------------------
-
-
-def _child(conn: Any, fn: str, kwargs: dict[str, Any]) -> None:
-    try:
-        conn.send(("ok", globals()[fn](**kwargs)))
-    except BaseException:  # reported to the parent
-        conn.send(("error", traceback.format_exc()))
-    conn.close()
-
-
-def isolated(fn: str, timeout: float = 900, **kwargs: Any) -> Any:
-    """``fn(**kwargs)`` in a new (spawned) process: a fresh interpreter, nothing cached from earlier runs."""
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(send, fn, kwargs))
-    p.start()
-    send.close()
-    try:
-        if not recv.poll(timeout):
-            p.kill()
-            raise TimeoutError(f"{fn} ran past {timeout} s")
-        status, res = recv.recv()
-    finally:
-        p.join(30)
-    if status != "ok":
-        raise RuntimeError(f"{fn} failed in its process:\n{res}")
-    return res
 
 
 def make_dataset(scenes: Sequence[str], shard_by: str, balance: bool, seed: int, **kw: Any) -> Any:
@@ -555,7 +528,7 @@ def run_ranks(names: Sequence[str], scenes: list[str], a: argparse.Namespace) ->
             cache = a.workdir / "cache" / name / f"rank{r}"
             shutil.rmtree(cache, ignore_errors=True)
             t0 = time.perf_counter()
-            res = isolated("run_rank", scenes=scenes, shard_by=shard_by, balance=balance, rank=r, world=a.world,
+            res = isolated(run_rank, scenes=scenes, shard_by=shard_by, balance=balance, rank=r, world=a.world,
                            epochs=a.epochs, cache_dir=str(cache), seed=a.seed)
             res["process_s"] = time.perf_counter() - t0
             out[name].append(res)
@@ -602,7 +575,7 @@ def area_part(lake: Path, a: argparse.Namespace) -> dict[str, Any]:
         dlat, dlon = km / 2 / 110.57, km / 2 / (111.32 * math.cos(math.radians(lat)))
         bboxes[f"aoi {km:g} km"] = [lon - dlon, lat - dlat, lon + dlon, lat + dlat]
     out: dict[str, Any] = {"city": name, "bboxes": bboxes}
-    out.update(isolated("run_area", lake=str(lake), bboxes=bboxes, repeats=a.repeats, seed=a.seed))
+    out.update(isolated(run_area, lake=str(lake), bboxes=bboxes, repeats=a.repeats, seed=a.seed))
     for key in [*bboxes, "whole"]:
         r = out[key]
         r["seconds_median"] = statistics.median(x["seconds"] for x in r["runs"])

@@ -61,14 +61,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
 import shutil
 import statistics
 import sys
 import time
-import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,7 +76,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
-from common import lo_rx  # noqa: E402
+from common import isolated, lo_rx  # noqa: E402
 from synth import ensure_scene as ensure_synth_scene  # noqa: E402
 
 CHUNK = 256
@@ -176,34 +174,6 @@ def warm_page_cache(paths: list[Path]) -> None:
 
 
 # -- running a method in a fresh process ------------------------------------------------------------
-
-
-def _child(conn: Any, env: dict[str, str], fn: str, kwargs: dict[str, Any]) -> None:
-    os.environ.update(env)
-    try:
-        conn.send(("ok", globals()[fn](**kwargs)))
-    except BaseException:  # reported to the parent
-        conn.send(("error", traceback.format_exc()))
-    conn.close()
-
-
-def isolated(fn: str, env: dict[str, str] | None = None, timeout: float = 1800, **kwargs: Any) -> dict[str, Any]:
-    """``fn(**kwargs)`` in a new (spawned) process with ``env`` set before anything is imported."""
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(send, env or {}, fn, kwargs))
-    p.start()
-    send.close()
-    try:
-        if not recv.poll(timeout):
-            p.kill()
-            raise TimeoutError(f"{fn} ran past {timeout} s")
-        status, res = recv.recv()
-    finally:
-        p.join(30)
-    if status != "ok":
-        raise RuntimeError(f"{fn} failed in its process:\n{res}")
-    return res
 
 
 # -- baselines ------------------------------------------------------------------------------------
@@ -563,7 +533,7 @@ def main() -> None:
         order = windows[rng.permutation(len(windows))]
         path = str(paths["cog"] if kind == "rasterio" else paths["zarr"])
         print(f"  {label} ...", flush=True)
-        r = isolated("run_baseline", env=gdal_env if kind == "rasterio" else None, kind=kind, path=path, windows=order,
+        r = isolated(run_baseline, env=gdal_env if kind == "rasterio" else None, kind=kind, path=path, windows=order,
                      workers=bw, limit=limit, limit_s=a.baseline_seconds, width=a.size, **kw)
         if kind == "rasterio":
             r["decoded_bytes"] = r["read_bytes"] * cog_ratio
@@ -577,7 +547,7 @@ def main() -> None:
     def cubelake(mode: str, windows_n: int, workers: int, label: str, key: str, **kw: Any) -> dict[str, Any]:
         print(f"  {label} ...", flush=True)
         threads = 2 if workers == 0 else max(1, 2 // workers)
-        r = isolated("run_cubelake", product=kw.pop("product", str(paths["scene"])), mode=mode, count=count, seed=a.seed,
+        r = isolated(run_cubelake, product=kw.pop("product", str(paths["scene"])), mode=mode, count=count, seed=a.seed,
                      cache_bytes=cache, threads=threads, workers=workers, prefetch=8, **kw)
         ep = r["epochs"][0]
         m = ep["metrics"]
@@ -627,7 +597,7 @@ def main() -> None:
         try:
             up = upload(port, paths)
             sid = str(paths["id"])
-            probe = isolated("s3_probe", port=port, keys={"zarr chunk object": f"{sid}.zarr/data/c/0/0/0",
+            probe = isolated(s3_probe, port=port, keys={"zarr chunk object": f"{sid}.zarr/data/c/0/0/0",
                                                           "COG object": f"{sid}.tif"})
             opts = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": "testing", "region": "us-east-1"}
             doc["s3"] = {"upload": up, "range_get_16k_s": probe}
@@ -636,7 +606,7 @@ def main() -> None:
             r["loopback_bytes"] = r["epochs"][0]["loopback_bytes"]
             print("  (a) rasterio per sample over /vsis3/ ...", flush=True)
             order = sliding[rng.permutation(len(sliding))]
-            rr = isolated("run_baseline", env=gdal_env, kind="rasterio", path=f"/vsis3/{BUCKET}/{sid}.tif", windows=order,
+            rr = isolated(run_baseline, env=gdal_env, kind="rasterio", path=f"/vsis3/{BUCKET}/{sid}.tif", windows=order,
                           workers=bw, limit=a.s3_samples, limit_s=a.s3_seconds, width=a.size,
                           s3={"endpoint": f"127.0.0.1:{port}"})
             rr["decoded_bytes"] = rr["read_bytes"] * cog_ratio
