@@ -19,6 +19,7 @@ import torch
 from .epoch import EpochTable
 from .metrics import LoaderMetrics
 from .plan import COL, ROW, SCENE, EpochPlan, SampleTable
+from .products._base import nodata_mask
 from .reader import ChunkReader
 from .sources import ChunkSource
 from .spectral import Spectral
@@ -180,9 +181,9 @@ class BatchCutter:
             if arr is None:
                 continue
             layer = self.aux_sources[j]
-            part = arr[:, src[0]:src[1], src[2]:src[3]].astype(np.float32)
-            if layer.fill_value is not None and not np.isnan(layer.fill_value):
-                part[arr[:, src[0]:src[1], src[2]:src[3]] == np.asarray(layer.fill_value).astype(arr.dtype)] = np.nan
+            stored = arr[:, src[0]:src[1], src[2]:src[3]]
+            part = stored.astype(np.float32)
+            part[nodata_mask(stored, layer.fill_value)] = np.nan
             if layer.scale != 1.0 or layer.add_offset != 0.0:
                 part = part * np.float32(layer.scale) + np.float32(layer.add_offset)
             out[name][i, :, dst[0]:dst[1], dst[2]:dst[3]] = part

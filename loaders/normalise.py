@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from .metrics import LoaderMetrics
+from .products._base import nodata_mask
 from .reader import ChunkReader, ReaderConfig
 from .sources import ChunkSource, ProductError
 from .spectral import band_stats
@@ -63,8 +64,7 @@ def scene_stats(src: ChunkSource, config: ReaderConfig, n_chunks: int) -> dict[s
     finally:
         reader.close()
     raw = np.concatenate(vals, axis=1)
-    fill = src.fill_value
-    ok = np.ones(raw.shape, bool) if fill is None else ~(np.isnan(raw) if np.isnan(fill) else raw == np.asarray(fill).astype(raw.dtype))
+    ok = ~nodata_mask(raw, src.fill_value)
     phys = raw.astype(np.float64) * src.scale + src.add_offset
     log.info("%s: band statistics computed from %d chunks (none recorded at ingest)", src.url, len(pick))
     return band_stats(phys, ok & np.isfinite(phys))

@@ -23,6 +23,7 @@ import torch
 from cubelake.loaders.metrics import LoaderMetrics
 from cubelake.loaders.normalise import normalisation
 from cubelake.loaders.products import ChunkSource
+from cubelake.loaders.products._base import nodata_mask
 from cubelake.loaders.reader import ChunkReader, ReaderConfig
 from cubelake.loaders.spectral import select_bands
 
@@ -96,10 +97,7 @@ class WindowReader:
             a, b, c, d = max(y0, oy), min(y1, oy + g.chunk_y), max(x0, ox), min(x1, ox + g.chunk_x)
             part = arr[:, a - oy:b - oy, c - ox:d - ox]
             x[:, a - y0:b - y0, c - x0:d - x0] = part if self.bands is None else part[self.bands]
-        bad = np.isnan(x)
-        fill = self.src.fill_value
-        if fill is not None and np.isfinite(fill):  # stored values are exact in float32 for cubelake's types
-            bad |= x == np.float32(fill)
+        bad = nodata_mask(x, self.src.fill_value)
         x *= self.gain[:, None, None]
         x += self.offset[:, None, None]
         x[bad] = self.pre.fill

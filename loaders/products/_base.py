@@ -16,7 +16,7 @@ from cubelake.grid import ChunkGrid
 from cubelake.record import SCENE_RECORD_FILE, Band, SceneRecord, read_scene_record
 from cubelake.storage import S3Options
 
-__all__ = ["ChunkSource", "Decoder", "Piece", "ProductError"]
+__all__ = ["ChunkSource", "Decoder", "Piece", "ProductError", "nodata_mask"]
 
 class ProductError(CubelakeError, ValueError):
     """A product the loader cannot read (names the product, what is wrong, and what to do)."""
@@ -101,6 +101,17 @@ class ChunkSource:
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+
+
+def nodata_mask(values: np.ndarray, fill: float | None) -> np.ndarray:
+    """Where ``values`` (stored values, or a float32 copy of them) are nodata: NaN, or equal to the ``fill`` value.
+
+    Stored values are exact in float32 for the integer types cubelake writes, so one test serves both.
+    """
+    mask = np.isnan(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool)
+    if fill is not None and np.isfinite(fill):
+        mask |= values == np.asarray(fill).astype(values.dtype)
+    return mask
 
 
 def _scene_record(folder: Path) -> SceneRecord | None:
