@@ -298,7 +298,7 @@ def _plan_scene_aux(opened: _Opened, inp: SceneInput, profile: SensorProfile, op
 def _source_options(options: IngestOptions) -> SourceOptions:
     s = options.source
     if s.max_bytes is None:
-        return SourceOptions(s.variable, s.axes, s.labels_variable, options.limits.max_bytes)
+        return dataclasses.replace(s, max_bytes=options.limits.max_bytes)
     return s
 
 

@@ -221,15 +221,18 @@ def build_plan(meta: SceneMetadata, profile: SensorProfile, *, chunk: int | None
     # bands dropped by name/index/bbl are not part of the spectral axis that must be ordered
     pre = _explicit_removals(meta, profile)
     seam: dict[int, str] = {}
-    if profile.spectral.overlap == "drop" and wl and all(w is not None for w in wl) and len(wl) == meta.count:
+    overlap = profile.spectral.overlap
+    if overlap != "error" and wl and all(w is not None for w in wl) and len(wl) == meta.count:
         kept = [i for i in range(meta.count) if (i + 1) not in pre]
-        drops = overlap_drops([float(wl[i]) for i in kept])  # type: ignore[arg-type]
+        keep = "later" if overlap == "drop-earlier" else "earlier"
+        drops = overlap_drops([float(wl[i]) for i in kept], keep=keep)  # type: ignore[arg-type]
         seam = {kept[j] + 1: "spectrometer overlap" for j in drops or ()}
         if seam:
+            other = "later" if keep == "later" else "earlier"
             issues.append(warning(
                 Code.SPECTRAL_OVERLAP,
-                f"band(s) {format_band_ranges(sorted(seam))} repeat wavelengths of the earlier detector at a "
-                "spectrometer seam (spectral.overlap: drop); they are removed",
+                f"band(s) {format_band_ranges(sorted(seam))} repeat wavelengths of the {other} detector at a "
+                f"spectrometer seam (spectral.overlap: {overlap}); they are removed",
                 bands=sorted(seam)))
     if any(w is not None for w in wl) or len(wl) != meta.count:
         ignore = frozenset(n - 1 for n in (*seam, *pre))

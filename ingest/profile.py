@@ -150,10 +150,11 @@ class Spectral(BaseModel):
         default_factory=dict, description="band name -> (centre wavelength nm, FWHM nm), e.g. Landsat B1..B7"
     )
     sidecar: str | None = Field(None, description="CSV/YAML with wavelength (and fwhm) per band; relative to the profile")
-    overlap: Literal["error", "drop"] = Field(
+    overlap: Literal["error", "drop", "drop-earlier"] = Field(
         "error",
         description="wavelengths that step back at a spectrometer seam: 'error' rejects the scene, 'drop' removes "
-        "the later detector's bands that do not exceed the earlier detector's (EnMAP VNIR/SWIR)",
+        "the later detector's bands that do not exceed the earlier detector's (EnMAP VNIR/SWIR), 'drop-earlier' "
+        "removes the earlier detector's bands that reach the later detector's first (keeps SWIR at PRISMA's seam)",
     )
 
 

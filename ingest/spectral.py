@@ -80,24 +80,35 @@ def parse_float_list(text: str) -> list[float]:
     return [float(v) for v in re.split(r"[,\s]+", body.strip()) if v]
 
 
-def overlap_drops(wavelengths_nm: Sequence[float], *, max_seams: int = 3, max_share: float = 0.2) -> list[int] | None:
-    """0-based bands to drop so wavelengths strictly increase, keeping the earlier detector.
+def overlap_drops(wavelengths_nm: Sequence[float], *, max_seams: int = 3, max_share: float = 0.2,
+                  keep: str = "earlier") -> list[int] | None:
+    """0-based bands to drop so wavelengths strictly increase, keeping the ``earlier`` (or ``later``) detector.
 
-    Imaging spectrometers with two detectors (EnMAP VNIR/SWIR, classic AVIRIS) repeat a short
-    stretch of wavelengths at the seam; a band is dropped when it does not exceed every band
-    kept before it. A seam is a step back between long increasing runs: with more than
-    ``max_seams`` step-backs, or more than ``max_share`` of the bands to drop, the order is not
-    a seam (e.g. a reversed band order would lose every band but one) and ``None`` is returned,
-    so the ordering check reports it instead of bands being removed.
+    Imaging spectrometers with two detectors (EnMAP and PRISMA VNIR/SWIR, classic AVIRIS) repeat a
+    short stretch of wavelengths at the seam. Keeping the earlier detector, a band is dropped when it
+    does not exceed every band kept before it; keeping the later, when it is not below every band
+    kept after it. A seam is a step back between long increasing runs: with more than ``max_seams``
+    step-backs, or more than ``max_share`` of the bands to drop, the order is not a seam (e.g. a
+    reversed band order would lose every band but one) and ``None`` is returned, so the ordering
+    check reports it instead of bands being removed.
     """
     seams = sum(1 for a, b in itertools.pairwise(wavelengths_nm) if not b > a)
     drops: list[int] = []
-    top = -math.inf
-    for i, w in enumerate(wavelengths_nm):
-        if w > top:
-            top = w
-        else:
-            drops.append(i)
+    if keep == "later":
+        bottom = math.inf
+        for i in range(len(wavelengths_nm) - 1, -1, -1):
+            if wavelengths_nm[i] < bottom:
+                bottom = wavelengths_nm[i]
+            else:
+                drops.append(i)
+        drops.reverse()
+    else:
+        top = -math.inf
+        for i, w in enumerate(wavelengths_nm):
+            if w > top:
+                top = w
+            else:
+                drops.append(i)
     if seams > max_seams or len(drops) > max_share * len(wavelengths_nm):
         return None
     return drops

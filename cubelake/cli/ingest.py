@@ -69,7 +69,7 @@ def _limits(max_bytes: str | None, max_dimension: int | None, max_bands: int | N
 
 def _options(profile: str, products: str, chunk: int | None, shard: int | None, workers: int | None,
              limits: Limits, variable: str | None, axes: str | None, force: bool,
-             refs_format: str = "auto") -> IngestOptions:
+             refs_format: str = "auto", wavelength_variable: str | None = None) -> IngestOptions:
     try:
         prof = None if profile == "auto" else load_profile(profile)
     except CubelakeError as exc:
@@ -82,10 +82,11 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
     if chunk is not None and (chunk <= 0 or chunk % 16):
         raise typer.BadParameter(f"chunk must be a positive multiple of 16 pixels (TIFF tile rule), got {chunk}",
                                  param_hint="--chunk")
-    if axes is not None and axes not in ("yxb", "xyb", "byx", "bxy", "bp", "pb"):
-        raise typer.BadParameter(f"axes {axes!r}: use yxb, xyb, byx, bxy (3-D) or bp, pb (2-D bands x pixels)",
+    if axes is not None and axes not in ("yxb", "xyb", "byx", "bxy", "ybx", "bp", "pb"):
+        raise typer.BadParameter(f"axes {axes!r}: use yxb, xyb, byx, bxy, ybx (3-D) or bp, pb (2-D bands x pixels)",
                                  param_hint="--axes")
-    source = SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes)
+    source = SourceOptions(variable=variable, axes=axes, max_bytes=limits.max_bytes,
+                           wavelength_variable=wavelength_variable)
     if refs_format not in ("auto", "json", "parquet"):
         raise typer.BadParameter(f"{refs_format!r}: use auto, json or parquet", param_hint="--refs-format")
     opts = IngestOptions(products=prods, profile=prof, chunk=chunk, shard=shard, limits=limits, force=force,
@@ -166,7 +167,7 @@ def _render_summary(out: Console, results: list[IngestResult]) -> None:
 
 
 def ingest_cmd(
-    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB)."),
+    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB, EMIT/PRISMA/NetCDF/HDF5, EnMAP/DESIS)."),
     lake: str = typer.Option("lake", "--lake", "-l", envvar="CUBELAKE_LAKE",
                              help="Lake folder or object-store URL, e.g. s3://bucket/prefix (created if new)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
@@ -187,8 +188,12 @@ def ingest_cmd(
     aux_max_time_delta: str | None = typer.Option(
         None, "--aux-max-time-delta",
         help="Largest time between a scene and its aux raster, e.g. 3d, 12h (default: no limit)."),
-    variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
-    axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube (yxb, byx, ..., bp, pb)."),
+    variable: str | None = typer.Option(None, "--variable", help="MATLAB/NetCDF/HDF5: the cube variable (group/name "
+                                        "inside a group)."),
+    axes: str | None = typer.Option(None, "--axes", help="MATLAB/NetCDF/HDF5: axis order of the cube (yxb, byx, ybx, "
+                                    "..., bp, pb)."),
+    wavelength_variable: str | None = typer.Option(None, "--wavelength-variable",
+                                                   help="NetCDF/HDF5: the variable holding the band centres."),
     workers: int | None = typer.Option(None, "--workers", help="Threads for reading/compressing (default: CPUs)."),
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
@@ -201,7 +206,7 @@ def ingest_cmd(
     """Validate, calibrate and convert scenes into the lake (COG, Zarr v3 and/or kerchunk references)."""
     configure_output(verbose, quiet)
     opts = _options(profile, products, chunk, shard, workers, _limits(max_bytes, max_dimension, max_bands), variable,
-                    axes, force, refs_format)
+                    axes, force, refs_format, wavelength_variable)
     opts = dataclasses.replace(opts, aux=_aux_specs(aux, aux_max_time_delta))
     try:
         lk = open_lake(lake)
@@ -229,11 +234,15 @@ def ingest_cmd(
 
 
 def validate_cmd(
-    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB)."),
+    paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB, EMIT/PRISMA/NetCDF/HDF5, EnMAP/DESIS)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
     chunk: int | None = typer.Option(None, "--chunk", help="Read window size, pixels."),
-    variable: str | None = typer.Option(None, "--variable", help="MATLAB: name of the cube variable."),
-    axes: str | None = typer.Option(None, "--axes", help="MATLAB: axis order of the cube."),
+    variable: str | None = typer.Option(None, "--variable", help="MATLAB/NetCDF/HDF5: the cube variable (group/name "
+                                        "inside a group)."),
+    axes: str | None = typer.Option(None, "--axes", help="MATLAB/NetCDF/HDF5: axis order of the cube (yxb, byx, ybx, "
+                                    "..., bp, pb)."),
+    wavelength_variable: str | None = typer.Option(None, "--wavelength-variable",
+                                                   help="NetCDF/HDF5: the variable holding the band centres."),
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
     max_bands: int | None = typer.Option(None, "--max-bands", help="Most bands accepted (default 10,000)."),
@@ -245,7 +254,7 @@ def validate_cmd(
     """Run every check (every block is decoded) without writing any product."""
     configure_output(verbose, quiet)
     opts = _options(profile, "cog", chunk, None, None, _limits(max_bytes, max_dimension, max_bands), variable, axes,
-                    False)
+                    False, wavelength_variable=wavelength_variable)
     reports: list[ValidationReport] = []
     out = out_console()
     try:

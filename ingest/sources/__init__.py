@@ -4,6 +4,12 @@
 * :mod:`.envi` — ENVI header + raw data (BSQ/BIL/BIP)
 * :mod:`.matlab` — MATLAB v5 / v7.3 cubes
 * :mod:`.landsat` — Landsat band GeoTIFFs + MTL
+* :mod:`.emit` — NASA EMIT L1B/L2A NetCDF-4 granules, orthorectified through their GLT
+* :mod:`.prisma` — ASI PRISMA L1/L2 HDF5-EOS products (VNIR + SWIR merged)
+* :mod:`.netcdf` — any other NetCDF/HDF5 cube (``--variable``, ``--axes``, ``--wavelength-variable``)
+
+HDF5 and NetCDF files are told apart by their content (signature, then the product's own
+attributes and groups), never by their name.
 """
 
 from __future__ import annotations
@@ -35,10 +41,14 @@ from ._base import (
     is_folder,
     is_regular_file,
 )
+from .emit import emit_product, open_emit
 from .envi import find_envi_data_file, find_envi_header, open_envi
 from .gdal import open_gdal
+from .hdf import hdf5_signature_at, is_netcdf3, open_h5
 from .landsat import is_mtl, mtl_band_files, open_landsat, parse_mtl
 from .matlab import Axes, open_mat
+from .netcdf import open_netcdf
+from .prisma import open_prisma, prisma_level
 
 __all__ = [
     "BandInfo",
@@ -102,9 +112,14 @@ class SourceOptions:
     axes: Axes | None = None
     labels_variable: str | None = None
     max_bytes: int | None = None
+    wavelength_variable: str | None = None  # NetCDF/HDF5: the variable holding the band centres
 
 
-def _magic(path: Path, n: int = 16) -> bytes:
+#: Enough of a file's start to find the HDF5 signature behind a user block of up to 2 KiB.
+_HEAD_BYTES = 2048 + 8
+
+
+def _magic(path: Path, n: int = _HEAD_BYTES) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read(n)
@@ -342,11 +357,34 @@ def open_source(inp: SceneInput, options: SourceOptions | None = None) -> Raster
             labels_variable=options.labels_variable,
             max_bytes=options.max_bytes,
         )
-    _sniff(inp.path, _remote_magic(inp.url) if inp.url else None)
+    head = _remote_magic(inp.url) if inp.url else _magic(inp.path)
+    _sniff(inp.path, head)
+    if hdf5_signature_at(head) is not None or is_netcdf3(head):
+        return _open_scientific(inp.path, head, options)
     return open_gdal(inp.path)
 
 
-def _remote_magic(url: str, n: int = 16) -> bytes:
+def _open_scientific(path: Path, head: bytes, options: SourceOptions) -> RasterSource:
+    """A product reader when the file's content is a product cubelake knows (EMIT, PRISMA), else the generic
+    NetCDF/HDF5 cube reader."""
+    if hdf5_signature_at(head) is not None and options.variable is None:
+        h5 = open_h5(path)
+        try:
+            variable = emit_product(h5)
+            if variable is not None:
+                return open_emit(path, h5, variable)
+            level = prisma_level(h5)
+            if level is not None:
+                return open_prisma(path, h5, level)
+        except BaseException:
+            h5.close()
+            raise
+        h5.close()
+    return open_netcdf(path, head, variable=options.variable, axes=options.axes,
+                       wavelength_variable=options.wavelength_variable)
+
+
+def _remote_magic(url: str, n: int = _HEAD_BYTES) -> bytes:
     from cubelake.storage import object_at
 
     store, key = object_at(url)

@@ -31,7 +31,7 @@ __all__ = ["MatSource", "find_label_map", "is_mat_v73", "open_mat"]
 
 log = logging.getLogger(__name__)
 
-Axes = Literal["yxb", "xyb", "byx", "bxy", "bp", "pb"]
+Axes = Literal["yxb", "xyb", "byx", "bxy", "ybx", "bp", "pb"]  # ybx: band-interleaved by line (NetCDF/HDF5)
 _SIZE_NAMES = (("nrow", "ncol"), ("nrows", "ncols"), ("rows", "cols"), ("height", "width"), ("h", "w"), ("m", "n"))
 _LABEL_HINTS = ("gt", "map", "label", "labels", "lab", "clas", "class", "truth", "y")
 

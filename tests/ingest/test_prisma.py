@@ -1,0 +1,127 @@
+"""PRISMA L1/L2 products: VNIR + SWIR merged, scaled by the product's attributes, L2D georeferenced."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cubelake.errors import SceneReadError
+from cubelake.grid import Window
+from cubelake.ingest import load_profile, match_profile
+from cubelake.ingest.plan import build_plan
+from cubelake.ingest.sources import discover, open_source
+
+from .prisma_fixtures import N_SWIR_ZERO, N_VNIR_ZERO, calibrated, write_prisma
+
+NAME = "PRS_L2D_STD_20200613102341_20200613102345_0001.he5"
+
+
+def _open(path: Path):  # type: ignore[no-untyped-def]
+    (inp,) = discover([path])
+    return open_source(inp)
+
+
+def _slot_of(p, detector: str, wavelength: float) -> int:  # type: ignore[no-untyped-def]
+    cw = p.cw_vnir if detector == "VNIR" else p.cw_swir
+    return int(np.flatnonzero(np.isclose(cw, wavelength))[0])
+
+
+def test_l2d_metadata_and_merge_order(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME)
+    src = _open(p.path)
+    m = src.meta
+    assert m.format == "PRISMA-L2D"
+    n_v, n_s = p.cw_vnir.size - N_VNIR_ZERO, p.cw_swir.size - N_SWIR_ZERO
+    assert m.shape == (n_v + n_s, 20, 24)  # unused slots (centre 0) left out
+    wl = np.array(m.wavelengths_nm)
+    assert np.all(np.diff(wl[:n_v]) > 0)  # VNIR increasing, then SWIR increasing
+    assert np.all(np.diff(wl[n_v:]) > 0)
+    assert wl[n_v] < wl[n_v - 1]  # one step back at the seam: the overlap
+    np.testing.assert_allclose(sorted(wl[:n_v]), sorted(p.cw_vnir[p.cw_vnir > 0]), rtol=1e-6)
+    flagged = [b for b in m.bands if b.flagged_bad]
+    assert [b.name for b in flagged] == [f"VNIR {int(np.flatnonzero((p.flags_vnir == 0) & (p.cw_vnir > 0))[0]) + 1}"]
+    assert m.crs_epsg == 32632
+    # corners are pixel centres: the grid's outer edge is half a pixel beyond them
+    assert m.transform == (30.0, 0.0, 514185.0 - 15.0, 0.0, -30.0, 5036115.0 + 15.0)
+    assert m.datetime == "2020-06-13T10:23:41.123456Z"
+    assert match_profile(m) == load_profile("prisma-l2d")
+    src.close()
+
+
+@pytest.mark.parametrize("level", ["L2D", "L1"])
+def test_calibrated_values_equal_the_documented_formula(tmp_path: Path, level: str) -> None:
+    p = write_prisma(tmp_path / f"PRS_{level}_STD_20200613102341_20200613102345_0001.he5", level=level)
+    src = _open(p.path)
+    m = src.meta
+    (cal,) = m.calibrations
+    raw = src.read(Window(2, 3, 9, 11)).astype(np.float64)
+    for k, band in enumerate(m.bands):
+        detector, slot1 = band.name.split()  # "VNIR 7": 1-based slot in the file's cube
+        slot = int(slot1) - 1
+        cube = p.vnir if detector == "VNIR" else p.swir
+        dn = cube[2:11, slot, 3:14]
+        np.testing.assert_array_equal(raw[k], dn)  # the merged cube is the file's band, BIL transposed
+        expected = calibrated(p, level, detector, slot, dn)
+        np.testing.assert_allclose(cal.gains[k] * raw[k] + cal.offsets[k], expected, rtol=1e-6, atol=1e-9)
+        assert band.wavelength_nm == pytest.approx(float((p.cw_vnir if detector == "VNIR" else p.cw_swir)[slot]))
+    if level == "L1":
+        assert not m.georeferenced
+        assert any(i.code == "not_georeferenced" for i in m.issues)
+        assert match_profile(m) == load_profile("prisma-l1")
+    src.close()
+
+
+@pytest.mark.parametrize(("policy", "kept_detector"), [("drop", "VNIR"), ("drop-earlier", "SWIR")])
+def test_seam_overlap_follows_the_profile_policy(tmp_path: Path, policy: str, kept_detector: str) -> None:
+    p = write_prisma(tmp_path / NAME)
+    src = _open(p.path)
+    m = src.meta
+    profile = load_profile("prisma-l2d")
+    profile = profile.model_copy(update={"spectral": profile.spectral.model_copy(update={"overlap": policy})})
+    plan, issues = build_plan(m, profile)
+    assert plan is not None, issues
+    kept = plan.bands
+    wl = [b.wavelength_nm for b in kept]
+    assert all(b > a for a, b in itertools.pairwise(wl))  # de-duplicated: strictly increasing
+    vnir_max = max(p.cw_vnir)
+    swir_min = min(p.cw_swir[p.cw_swir > 0])
+    overlap = [b for b in kept if swir_min <= b.wavelength_nm <= vnir_max]  # type: ignore[operator]
+    assert overlap
+    assert {b.name.split()[0] for b in overlap} == {kept_detector}  # type: ignore[union-attr]
+    src.close()
+
+
+def test_a_profile_with_overlap_error_rejects_the_seam(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME)
+    src = _open(p.path)
+    profile = load_profile("prisma-l2d")
+    profile = profile.model_copy(update={"spectral": profile.spectral.model_copy(update={"overlap": "error"})})
+    _plan, issues = build_plan(src.meta, profile)
+    assert any(i.code == "wavelength_order" and i.severity == "error" for i in issues)
+    src.close()
+
+
+@pytest.mark.parametrize(("kwargs", "piece"), [
+    ({"drop": ("SWIR_Cube",)}, "no dataset 'HDFEOS/SWATHS/PRS_L2D_HCO/Data Fields/SWIR_Cube'"),
+    ({"drop": ("List_Cw_Swir",)}, "attribute 'List_Cw_Swir' missing"),
+    ({"drop": ("L2ScaleVnirMax",)}, "attribute 'L2ScaleVnirMax' missing"),
+    ({"drop": ("Epsg_Code",)}, "attribute 'Epsg_Code' missing"),
+    ({"swir_shape": (20, 17, 24)}, r"'List_Cw_Swir' has 16 values for 17 bands"),
+    ({"swir_shape": (19, 16, 24)}, "not on one \\(rows, cols\\) grid"),
+])
+def test_malformed_products_name_the_missing_piece(tmp_path: Path, kwargs: dict, piece: str) -> None:  # type: ignore[type-arg]
+    p = write_prisma(tmp_path / NAME, **kwargs)
+    with pytest.raises(SceneReadError, match=piece) as info:
+        _open(p.path)
+    assert NAME in str(info.value)
+
+
+def test_truncated_product_is_refused(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME)
+    data = p.path.read_bytes()
+    p.path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(SceneReadError, match=f"{NAME}: not a readable HDF5 file"):
+        _open(p.path)
