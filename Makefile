@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   ?= $(firstword $(wildcard ../shared/data/real /work/shared/data/real) ../shared/data/real)
 LAKE   ?= lake
+SAMPLES ?= samples
 
-.PHONY: demo test lint bench clean
+.PHONY: demo samples test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,10 @@ demo: $(VENV)/.installed
 	@echo "== a scene's kerchunk references, checked (targets allowed, unchanged) and opened through zarr"
 	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1) --lake $(LAKE)
 
+# small EMIT, PRISMA, EnMAP, DESIS and CF-NetCDF products built to each format's specification
+samples: $(VENV)/.installed
+	@$(BIN)/python -m tests.ingest.make_samples $(abspath $(SAMPLES))
+
 test: lint
 	$(BIN)/python -m pytest -q
 
@@ -43,4 +48,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/loader.py
 
 clean:
-	rm -rf $(VENV) $(LAKE) .pytest_cache
+	rm -rf $(VENV) $(LAKE) $(SAMPLES) .pytest_cache

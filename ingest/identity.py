@@ -100,6 +100,8 @@ def base_name(inp: SceneInput, tags: dict[str, str] | None = None) -> str:
             if ext and stem.lower().endswith(ext):
                 stem = stem[: -len(ext)]
         return stem
+    if inp.kind is SceneKind.DLR:  # the delivery's name: <name>-METADATA.XML
+        return inp.path.name[: -len("-METADATA.XML")]
     return inp.path.stem
 
 

@@ -223,6 +223,7 @@ def _open_error(path: str, exc: Exception) -> Issue:
 _KIND_NAMES = {
     SceneKind.GDAL: "raster GDAL reads", SceneKind.ENVI: "valid ENVI header + data file",
     SceneKind.MAT: "MATLAB v5/v7.3 file", SceneKind.LANDSAT: "Landsat MTL with its band files",
+    SceneKind.DLR: "EnMAP/DESIS METADATA.XML with its SPECTRAL_IMAGE",
     SceneKind.MISSING: "file", SceneKind.SPECIAL: "regular file",
 }
 

@@ -377,9 +377,19 @@ def load_profile(name_or_path: str | Path) -> SensorProfile:
     return profile
 
 
+#: The tag a product reader (EMIT, PRISMA, EnMAP, DESIS) sets from the file's own fields
+PRODUCT_TAG = "cubelake:product"
+
+
 def match_profile(meta: SceneMetadata) -> SensorProfile | None:
-    """The first bundled profile whose ``match`` rules pick this scene (by name or by content), if any."""
-    for path in builtin_profiles().values():
+    """The bundled profile for this scene, if any: the one named by the product its reader recognised from
+    the file's content (``cubelake:product``), else the first whose ``match`` rules pick it (by name or content)."""
+    builtins = builtin_profiles()
+    product = meta.tags.get(PRODUCT_TAG)
+    if product in builtins:
+        log.info("%s: profile %s (the product's own metadata)", meta.path, product)
+        return load_profile(builtins[product])
+    for path in builtins.values():
         profile = load_profile(path)
         if profile.match is None:
             continue

@@ -490,13 +490,15 @@ def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: 
     client.upload_file(str(REAL / "hsi_samson" / "samson_1.mat"), s3_bucket, "archive/samson_1.mat")
     client.put_object(Bucket=s3_bucket, Key="archive/notes.txt", Body=b"sidecar text")
     client.put_object(Bucket=s3_bucket, Key="archive/cube.nc", Body=b"\x89HDF\r\n\x1a\n" + b"\0" * 4088)
+    client.put_object(Bucket=s3_bucket, Key="archive/scene.jp2", Body=b"\0\0\0\x0cjP  \r\n\x87\n" + b"\0" * 64)
     env = s3_env(lakes.server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
     lake = tmp_path / "from-s3"
     res = run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr,refs", f"s3://{s3_bucket}/archive/", env=env)
     out = " ".join(no_traceback(res).split())
-    assert res.returncode == 1, out  # the corrupt TIFF and the NetCDF are reported, the tiles and the MAT ingested
-    assert "5 ingested" in out
-    assert f"s3://{s3_bucket}/archive/cube.nc: this format is not read from object stores" in out
+    assert res.returncode == 1, out  # the corrupt TIFF, the damaged NetCDF and the JPEG 2000 are reported
+    assert "5 ingested" in out  # the tiles and the MAT
+    assert f"s3://{s3_bucket}/archive/cube.nc: not a readable HDF5 file" in out  # read in place, found damaged
+    assert f"s3://{s3_bucket}/archive/scene.jp2: this format is not read from object stores" in out
     assert "corrupt.tif" in out
     assert "notes.txt" not in out  # a sidecar in a listed prefix is skipped, as in a local folder
     got = Lake(lake, create=False)
@@ -629,6 +631,7 @@ def test_a_prefix_groups_envi_and_landsat_objects_into_scenes(s3_server: S3Serve
 
     _upload(s3_server, s3_bucket, "sets", [AVIRIS, AVIRIS_HDR, *LANDSAT5, L8_MTL, L8_BAND])
     s3_server.client().put_object(Bucket=s3_bucket, Key="sets/cube.nc", Body=b"\x89HDF\r\n\x1a\n")
+    s3_server.client().put_object(Bucket=s3_bucket, Key="sets/scene.jp2", Body=b"\0\0\0\x0cjP  \r\n\x87\n")
     base = f"s3://{s3_bucket}/sets"
     scenes = discover([f"{base}/"])
     # one scene per header and per MTL: the data object and the band objects are theirs, not scenes
@@ -636,12 +639,13 @@ def test_a_prefix_groups_envi_and_landsat_objects_into_scenes(s3_server: S3Serve
         (SceneKind.LANDSAT, f"{base}/{L8_MTL.name}"),
         (SceneKind.LANDSAT, f"{base}/{LANDSAT5[-1].name}"),
         (SceneKind.ENVI, f"{base}/{AVIRIS_HDR.name}"),
-        (SceneKind.SPECIAL, f"{base}/cube.nc"),
+        (SceneKind.GDAL, f"{base}/cube.nc"),  # HDF5/NetCDF: read in place, its content picks the reader
+        (SceneKind.SPECIAL, f"{base}/scene.jp2"),
     ]
     envi = scenes[2]
     assert (str(envi.path), str(envi.data)) == (f"/vsis3/{s3_bucket}/sets/{AVIRIS_HDR.name}",
                                                 f"/vsis3/{s3_bucket}/sets/{AVIRIS.name}")
-    assert "this format is not read from object stores" in (scenes[3].problem or "")
+    assert "this format is not read from object stores" in (scenes[4].problem or "")
     # named on their own: the header, the data object (its header is the scene) and the MTL
     for named, scene in ((AVIRIS_HDR, envi), (AVIRIS, envi), (LANDSAT5[-1], scenes[1])):
         assert discover([f"{base}/{named.name}"]) == [scene]

@@ -113,6 +113,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "== exit code 1 (1 = some inputs were rejected, as the bad inputs must be)" in out
     assert re.search(r"^4 item\(s\)$", res.stdout, re.M), res.stdout  # the Potsdam summer search
     assert re.search(r"^ok: .*\.refs\.json", res.stdout, re.M), res.stdout  # the refs check
+    res = subprocess.run(["make", "-C", str(ROOT), "samples", f"SAMPLES={root / 'samples'}"], env=env(),
+                         capture_output=True, text=True, timeout=600)  # the README's `make samples`
+    assert res.returncode == 0, clean(res, "make samples")
     return root
 
 
@@ -153,6 +156,15 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "predict --lake lake --model hsi3d.pt": lambda out: _check(
         out.count("predicted 1024 pixels") == 4 and "chunks decoded" in out, out),
     "--collection cubelake-predictions": lambda out: _check("4 item(s)" in out and "__hsi3d" in out, out),
+    "ingest samples/EMIT_L2A_RFL": lambda out: _check("ingested: cog + zarr (46 of 48 bands, 55x51, float32)" in out,
+                                                      out),
+    "ingest samples/PRS_L2D": lambda out: _check("ingested: cog + zarr (18 of 23 bands, 20x24, float32)" in out, out),
+    "ingest samples/ENMAP01": lambda out: _check("ingested: cog + zarr (10 of 12 bands, 20x24, int16)" in out, out),
+    "ingest samples/DESIS": lambda out: _check("ingested: cog + zarr (12 of 12 bands, 20x24, float32)" in out, out),
+    "ingest samples/research_cube.nc": lambda out: _check("ingested: cog + zarr (10 of 10 bands, 12x15, float32)" in out,
+                                                          out),
+    "cubelake lake --lake products": lambda out: _check(out.startswith("lake products: 5 scene(s)") and all(
+        f"[{p}]" in out for p in ("emit-l2a", "prisma-l2d", "enmap-l2a", "desis-l2a", "generic")), out),
     "sweep --model hsi3d.pt": lambda out: _check("OOM search (x1.5 then bisection): largest batch that fits" in out
                                                  and "memory model: M = " in out, out),
 }

@@ -6,6 +6,7 @@
 * :mod:`.landsat` — Landsat band GeoTIFFs + MTL
 * :mod:`.emit` — NASA EMIT L1B/L2A NetCDF-4 granules, orthorectified through their GLT
 * :mod:`.prisma` — ASI PRISMA L1/L2 HDF5-EOS products (VNIR + SWIR merged)
+* :mod:`.dlr` — DLR EnMAP (L1B/L1C/L2A) and DESIS (L1C/L2A) deliveries: METADATA.XML + SPECTRAL_IMAGE
 * :mod:`.netcdf` — any other NetCDF/HDF5 cube (``--variable``, ``--axes``, ``--wavelength-variable``)
 
 HDF5 and NetCDF files are told apart by their content (signature, then the product's own
@@ -41,6 +42,7 @@ from ._base import (
     is_folder,
     is_regular_file,
 )
+from .dlr import dlr_side_files, is_dlr_metadata, open_dlr
 from .emit import emit_product, open_emit
 from .envi import find_envi_data_file, find_envi_header, open_envi
 from .gdal import open_gdal
@@ -83,6 +85,7 @@ class SceneKind(StrEnum):
     ENVI = "envi"
     MAT = "mat"
     LANDSAT = "landsat"
+    DLR = "dlr"  # an EnMAP/DESIS delivery, named by its METADATA.XML
     MISSING = "missing"
     SPECIAL = "special"  # a path that cannot be a scene: FIFO, device, empty folder, ... (``problem`` says why)
 
@@ -154,6 +157,8 @@ def _path_problem(path: Path) -> tuple[SceneKind, str] | None:
 def _kind_of(path: Path) -> SceneKind:
     if is_mtl(path):
         return SceneKind.LANDSAT
+    if is_dlr_metadata(path):
+        return SceneKind.DLR
     if path.suffix.lower() == ".hdr" or find_envi_header(path) is not None:
         return SceneKind.ENVI
     if path.suffix.lower() == ".mat":
@@ -310,6 +315,8 @@ def _consumed(files: list[tuple[Path, bool]], kinds: dict[Path, SceneKind], labe
                 consumed.update(b.resolve() for _, b in mtl_band_files(f, parse_mtl(f))[0])
             except (CubelakeError, OSError) as exc:  # reported when the scene is opened
                 log.debug("cannot list the bands of %s yet: %s", f, exc)
+        elif kind is SceneKind.DLR:  # the delivery's image(s), quicklooks and masks belong to its XML
+            consumed.update(p.resolve() for p in dlr_side_files(f))
         elif kind in (SceneKind.GDAL, SceneKind.MAT, SceneKind.ENVI) and labels is None:
             label = _label_for(f)
             if label is not None:
@@ -347,6 +354,8 @@ def open_source(inp: SceneInput, options: SourceOptions | None = None) -> Raster
         raise UnsupportedFormatError(inp.problem or f"{inp.path}: not a regular file")
     if inp.kind is SceneKind.LANDSAT:
         return open_landsat(inp.path)
+    if inp.kind is SceneKind.DLR:
+        return open_dlr(inp.path)
     if inp.kind is SceneKind.ENVI:
         return open_envi(inp.path, inp.data)
     if inp.kind is SceneKind.MAT:

@@ -33,7 +33,7 @@ from cubelake.errors import SceneReadError, UnsupportedFormatError
 from cubelake.grid import Window
 
 from ._base import BandInfo, SceneMetadata, display_name
-from .hdf import H5Source, attr, attr_floats, attr_text, dataset, iso_utc
+from .hdf import H5Source, attr, attr_floats, attr_text, dataset, epsg_of_wkt, iso_utc
 
 __all__ = ["EMIT_PRODUCTS", "SLAB_BUDGET_BYTES", "emit_product", "glt_lookup", "open_emit"]
 
@@ -130,8 +130,8 @@ def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> H5Source:
     if units:
         tags["units"] = units
     meta = SceneMetadata(
-        path=name, files=(name,), format=f"EMIT-{product.split('-')[1].upper()}", count=n_bands, height=height,
-        width=width, dtype=cube.dtype.name, crs_wkt=wkt, crs_epsg=_epsg(wkt),
+        path=str(path), files=(str(path),), format=f"EMIT-{product.split('-')[1].upper()}", count=n_bands, height=height,
+        width=width, dtype=cube.dtype.name, crs_wkt=wkt, crs_epsg=epsg_of_wkt(wkt),
         transform=(gt[1], gt[2], gt[0], gt[4], gt[5], gt[3]),
         nodata=float(np.asarray(fill).ravel()[0]) if fill is not None else -9999.0, bands=bands,
         block_shape=(cube.chunks[0], cube.chunks[1]) if cube.chunks else (n_down, n_cross),
@@ -146,16 +146,6 @@ def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> H5Source:
         return read_ortho(cube, glt_x, glt_y, window, nodata, name)
 
     return H5Source(meta, h5, get)
-
-
-def _epsg(wkt: str) -> int | None:
-    from pyproj import CRS
-    from pyproj.exceptions import CRSError
-
-    try:
-        return CRS.from_wkt(wkt).to_epsg()
-    except CRSError:
-        return None
 
 
 def glt_lookup(gx: np.ndarray, gy: np.ndarray, n_down: int, n_cross: int, where: str) -> tuple[np.ndarray, ...]:

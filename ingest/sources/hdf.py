@@ -34,6 +34,7 @@ __all__ = [
     "attr_floats",
     "attr_text",
     "dataset",
+    "epsg_of_wkt",
     "hdf5_signature_at",
     "is_netcdf3",
     "iso_utc",
@@ -98,13 +99,13 @@ def dataset(h5: Any, key: str, path: str, *, product: str, ndim: int | None = No
             node = node[part]
         except (KeyError, ValueError):
             kind = "dataset" if i == len(parts) - 1 else "group"
-            raise SceneReadError(f"{display_name(path)}: no {kind} '{where}'; a {product} file has '{key}'. "
+            raise SceneReadError(f"{display_name(path)}: no {kind} '{where}'; {product} files have '{key}'. "
                                  "The file is incomplete or another product") from None
     if not isinstance(node, h5py.Dataset):
         raise SceneReadError(f"{display_name(path)}: '{key}' is a group, not a dataset; a {product} file has it "
                              "as an array")
     if ndim is not None and node.ndim != ndim:
-        raise SceneReadError(f"{display_name(path)}: '{key}' has {node.ndim} dimensions {node.shape}; a {product} "
+        raise SceneReadError(f"{display_name(path)}: '{key}' has {node.ndim} dimensions {node.shape}; {product} "
                              f"file has {ndim}")
     return node
 
@@ -115,7 +116,7 @@ def attr(obj: Any, name: str, path: str, *, product: str, required: bool = True)
     if name not in obj.attrs:
         if not required:
             return None
-        raise SceneReadError(f"{display_name(path)}: attribute '{name}' missing on {_name(obj)}; a {product} "
+        raise SceneReadError(f"{display_name(path)}: attribute '{name}' missing on {_name(obj)}; {product} "
                              "file has it. The file is incomplete or another product")
     shape = obj.attrs.get_id(name).shape or ()
     if int(np.prod(shape, dtype=np.int64)) > MAX_ATTR_ELEMENTS:
@@ -208,3 +209,16 @@ def iso_utc(text: str | None, what: str) -> str | None:
         return None
     t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
     return t.isoformat().replace("+00:00", "Z")
+
+
+def epsg_of_wkt(wkt: str | None) -> int | None:
+    """The EPSG code of a CRS given as WKT, when it has one (pyproj)."""
+    if not wkt:
+        return None
+    from pyproj import CRS
+    from pyproj.exceptions import CRSError
+
+    try:
+        return CRS.from_wkt(wkt).to_epsg()
+    except CRSError:
+        return None

@@ -35,7 +35,7 @@ from cubelake.grid import Window
 from ..report import Code, Issue, warning
 from ..spectral import unit_factor_to_nm
 from ._base import BandInfo, FileCalibration, SceneMetadata, display_name
-from .hdf import hdf5_signature_at, is_netcdf3
+from .hdf import epsg_of_wkt, hdf5_signature_at, is_netcdf3
 
 __all__ = ["CubeAxes", "NetcdfSource", "open_netcdf"]
 
@@ -74,8 +74,10 @@ def _open(path: str, head: bytes, group: str | None) -> tuple[Any, Any]:
         store, key = object_at(url)
         handle = store.open_reader(key)
     try:
-        ds = xr.open_dataset(handle if handle is not None else path, engine=_engine(head), group=group,
-                             mask_and_scale=False, decode_times=False, cache=False)
+        engine = _engine(head)
+        extra: dict[str, Any] = {"phony_dims": "sort"} if engine == "h5netcdf" else {}  # plain HDF5: no dim scales
+        ds = xr.open_dataset(handle if handle is not None else path, engine=engine, group=group,
+                             mask_and_scale=False, decode_times=False, cache=False, **extra)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         if handle is not None:
             handle.close()
@@ -122,10 +124,13 @@ def _axes(var: Any, ds: Any, axes: str | None, wl_name: str | None, path: str) -
                          f"(the order of b, y, x in {dims}, e.g. --axes byx)")
 
 
-def _per_band(ds: Any, var: Any, band: str, names: Sequence[str], given: str | None, path: str) -> Any:
-    """The variable (or attribute values) that gives one number per band, by name; ``None`` if there is none."""
+def _per_band(ds: Any, var: Any, band: str, names: Sequence[str], given: str | None, path: str,
+              *, coordinate: bool = False) -> Any:
+    """The variable (or attribute values) that gives one number per band, by name (or, with ``coordinate``,
+    the band dimension's own coordinate); ``None`` if there is none."""
     n = var.sizes[band]
-    cands = [given] if given else [band, *names, *[k for k in map(str, ds.variables) if k.lower() in names]]
+    found = [k for k in map(str, ds.variables) if k.lower() in names]
+    cands = [given] if given else [*([band] if coordinate else []), *names, *found]
     for name in cands:
         if name in ds.variables and ds[name].dims == (band,) and ds[name].dtype.kind in "uif":
             return ds[name]
@@ -257,12 +262,11 @@ class NetcdfSource:
 def open_netcdf(path: str | os.PathLike[str], head: bytes, *, variable: str | None = None, axes: str | None = None,
                 wavelength_variable: str | None = None) -> NetcdfSource:
     """Open a NetCDF/HDF5 cube (see the module docstring for what is read from where)."""
-    name = display_name(path)
     group, _, var_name = (variable or "").rpartition("/")
     ds, handle = _open(str(path), head, group or None)
     try:
         fmt = "NetCDF3" if is_netcdf3(head) else "NetCDF4/HDF5"
-        return _source(ds, handle, name, fmt, var_name or None, axes, wavelength_variable)
+        return _source(ds, handle, str(path), fmt, var_name or None, axes, wavelength_variable)
     except BaseException:
         ds.close()
         if handle is not None:
@@ -273,12 +277,13 @@ def open_netcdf(path: str | os.PathLike[str], head: bytes, *, variable: str | No
 def _source(ds: Any, handle: Any, name: str, fmt: str, variable: str | None, axes: str | None,
             wavelength_variable: str | None) -> NetcdfSource:
     issues: list[Issue] = []
+    path, name = name, display_name(name)  # the record keeps GDAL's name of an object, messages its URL
     var = _pick(ds, variable, name)
     ax = _axes(var, ds, axes, wavelength_variable, name)
     extra = [d for d in var.dims if d not in (ax.band, ax.y, ax.x)]
     var = var.isel({d: 0 for d in extra})  # size-1 dimensions (time = 1)
     n = var.sizes[ax.band]
-    wl = _per_band(ds, var, ax.band, _WL_NAMES, wavelength_variable, name)
+    wl = _per_band(ds, var, ax.band, _WL_NAMES, wavelength_variable, name, coordinate=True)
     fw = _per_band(ds, var, ax.band, _FWHM_NAMES, None, name)
     wl_nm = _to_nm(wl, name, issues) if wl is not None else [None] * n
     fw_nm = _to_nm(fw, name, []) if fw is not None else [None] * n
@@ -296,8 +301,8 @@ def _source(ds: Any, handle: Any, name: str, fmt: str, variable: str | None, axe
         issues.append(warning(Code.NOT_GEOREFERENCED, f"{name}: no CF grid mapping or regular x/y coordinates on "
                               f"{var.name!r}; the product uses a pixel grid"))
     meta = SceneMetadata(
-        path=name, files=(name,), format=fmt, count=n,
-        height=var.sizes[ax.y], width=var.sizes[ax.x], dtype=var.dtype.name, crs_wkt=crs,
+        path=path, files=(path,), format=fmt, count=n,
+        height=var.sizes[ax.y], width=var.sizes[ax.x], dtype=var.dtype.name, crs_wkt=crs, crs_epsg=epsg_of_wkt(crs),
         transform=transform if georef else None,  # type: ignore[arg-type]
         nodata=float(np.asarray(fill).ravel()[0]) if fill is not None else None, bands=bands,
         block_shape=(var.sizes[ax.y], var.sizes[ax.x]), datetime=_time(ds),

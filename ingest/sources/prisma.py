@@ -162,7 +162,7 @@ def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> H5Source:
             tags[f"prisma:{key}"] = value[:200]
     chunks = dets[0].cube.chunks
     meta = SceneMetadata(
-        path=name, files=(name,), format=f"PRISMA-{level}", count=len(gains), height=height, width=width,
+        path=str(path), files=(str(path),), format=f"PRISMA-{level}", count=len(gains), height=height, width=width,
         dtype=np.result_type(*(d.cube.dtype for d in dets)).name, crs_epsg=crs_epsg,
         crs_wkt=_wkt(crs_epsg), transform=transform,  # type: ignore[arg-type]
         bands=_bands(dets), block_shape=(chunks[0], chunks[2]) if chunks else (height, width), interleave="bil",

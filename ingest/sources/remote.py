@@ -3,7 +3,9 @@
 GeoTIFFs, ENVI scenes (a header and its raw data object) and Landsat MTL sets (the MTL and the
 band GeoTIFFs it names) are read by GDAL through ``/vsis3/`` with HTTP range requests: headers,
 then the blocks the scan asks for, so memory stays that of a local ingest whatever the scene's
-size. The small text files (an ENVI header, an MTL) are read by one size-bounded ranged GET. A
+size. HDF5 and NetCDF-4 files (EMIT, PRISMA, research cubes) are read in place too: h5py reads
+them through a ranged object reader, fetching only the metadata and chunks a window needs.
+The small text files (an ENVI header, an MTL) are read by one size-bounded ranged GET. A
 prefix is grouped into scenes as a local folder is: a header with its data object, an MTL with
 its band objects. A scene's identity is the ETag and size of each of its objects (hashing a
 multi-GB object would mean reading it all). MATLAB files need random access over all of them and
@@ -45,6 +47,8 @@ __all__ = ["REMOTE_TIFF", "discover_remote", "gdal_path", "remote_input"]
 log = logging.getLogger(__name__)
 
 REMOTE_TIFF = (".tif", ".tiff")
+#: HDF5-based files read in place (their content picks the reader: EMIT, PRISMA or a generic cube)
+REMOTE_HDF = (".nc", ".nc4", ".h5", ".he5", ".hdf5")
 _SIDECARS = (".aux.xml", ".ovr", ".txt", ".md", ".json", ".xml", ".html", ".pdf", ".png", ".jpg", ".prj")
 _MAX_OBJECTS = 100_000  # a prefix listing this long is not a folder of scenes
 
@@ -74,16 +78,16 @@ def _scene(url: str, explicit: bool, exists: _Exists) -> SceneInput | None:
     header = next((c for c in envi_header_candidates(path) if exists(c)), None)
     if header is not None:  # an ENVI data object: its header is the scene (listed on its own)
         return _envi(header, exists) if explicit else None
-    if name.endswith(REMOTE_TIFF):
+    if name.endswith(REMOTE_TIFF + REMOTE_HDF):
         return SceneInput(path=path, kind=SceneKind.GDAL, url=url)
     if name.endswith(".mat"):  # HDF5/MAT needs random access over the whole file: fetched when it is read
         return SceneInput(path=Path(PurePosixPath(url).name), kind=SceneKind.MAT, url=url)
     if not explicit and name.endswith(_SIDECARS):
         return None
     return SceneInput(path=path, kind=SceneKind.SPECIAL, url=url,
-                      problem=f"{url}: this format is not read from object stores (GeoTIFF, ENVI header + data and "
-                              "Landsat MTL + band objects are read in place, MATLAB files fetched); download it "
-                              "and ingest the local copy")
+                      problem=f"{url}: this format is not read from object stores (GeoTIFF, NetCDF/HDF5 (.nc, .h5, "
+                              ".he5), ENVI header + data and Landsat MTL + band objects are read in place, MATLAB "
+                              "files fetched); download it and ingest the local copy")
 
 
 def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInput]:

@@ -16,7 +16,7 @@ from cubelake.ingest import load_profile, match_profile
 from cubelake.ingest.sources import SceneKind, discover, open_source
 from cubelake.ingest.sources.emit import read_ortho
 
-from ..conftest import no_traceback, run_cli
+from ..conftest import S3Server, no_traceback, run_cli
 from .emit_fixtures import apply_glt, write_emit
 
 NAME = "EMIT_L2A_RFL_001_20230217T064052_2304804_005.nc"
@@ -146,3 +146,29 @@ def test_truncated_granule_is_rejected_by_the_cli(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert NAME in out
     assert not list(tmp_path.glob("lake/scenes/*/scene.json"))  # nothing published
+
+
+def test_a_granule_on_s3_is_read_in_place_and_equals_the_local_ingest(s3_server: S3Server, s3_bucket: str,
+                                                                      tmp_path: Path) -> None:
+    g = write_emit(tmp_path / NAME)
+    s3_server.client().upload_file(str(g.path), s3_bucket, f"emit/{NAME}")
+    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "CUBELAKE_CACHE": str(tmp_path / "c"),
+           "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert run_cli("ingest", str(g.path), "--lake", str(local), "--products", "zarr").returncode == 0
+    res = run_cli("ingest", f"s3://{s3_bucket}/emit/", "--lake", str(remote), "--products", "zarr", env=env)
+    out = no_traceback(res)
+    assert res.returncode == 0, out
+    sid = NAME.removesuffix(".nc")
+    here = json.loads((local / "scenes" / sid / "scene.json").read_text())
+    there = json.loads((remote / "scenes" / sid / "scene.json").read_text())
+    assert there["source"]["path"] == f"s3://{s3_bucket}/emit/{NAME}"
+    for part in ("bands", "grid", "acquisition", "tags", "profile"):
+        assert there[part] == here[part], part
+    import zarr
+
+    a = zarr.open_group(str(local / "scenes" / sid / f"{sid}.zarr"), mode="r")
+    b = zarr.open_group(str(remote / "scenes" / sid / f"{sid}.zarr"), mode="r")
+    name = next(iter(a.array_keys()))
+    np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
