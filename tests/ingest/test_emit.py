@@ -172,3 +172,12 @@ def test_a_granule_on_s3_is_read_in_place_and_equals_the_local_ingest(s3_server:
     b = zarr.open_group(str(remote / "scenes" / sid / f"{sid}.zarr"), mode="r")
     name = next(iter(a.array_keys()))
     np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+def test_an_oversized_attribute_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    g = write_emit(tmp_path / NAME)
+    with h5py.File(g.path, "r+") as h:  # a hostile granule: a 'geotransform' of a million numbers
+        del h.attrs["geotransform"]
+        h.attrs.create("geotransform", np.zeros(1_000_000))
+    with pytest.raises(SceneReadError, match=r"attribute 'geotransform' has 1000000 elements, far more than"):
+        _open(g.path)

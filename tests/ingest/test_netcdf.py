@@ -113,3 +113,15 @@ def test_cli_ingests_a_cf_cube_with_its_grid_and_scaling(tmp_path: Path) -> None
     text = no_traceback(bad)
     assert bad.returncode == 1
     assert "no variable 'nope'" in text
+
+
+@pytest.mark.parametrize(("fmt", "message"), [
+    ("NETCDF4", r"cube\.nc: not a readable HDF5 file .*it is truncated or damaged"),
+    ("NETCDF3_CLASSIC", r"cube\.nc: cannot open it as NetCDF/HDF5 .*damaged, truncated"),
+])
+def test_truncated_netcdf_is_refused_naming_the_file(tmp_path: Path, fmt: str, message: str) -> None:
+    write_cf_cube(tmp_path / "cube.nc", fmt)
+    data = (tmp_path / "cube.nc").read_bytes()
+    (tmp_path / "cube.nc").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SceneReadError, match=message):
+        _open(tmp_path / "cube.nc")
