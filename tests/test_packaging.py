@@ -19,6 +19,7 @@ IMPLICIT = {
     "imagecodecs",  # the TIFF/zstd codecs numcodecs and cubelake_tiff load by entry point
     "pyproj",  # rasterio/shapely CRS handling; also imported lazily
     "bokeh",  # the Dask dashboard a job prints the address of (distributed serves it when bokeh is installed)
+    "h5netcdf",  # xarray's engine="h5netcdf" for NetCDF-4/HDF5 cubes (ingest/sources/netcdf.py)
 }
 
 
