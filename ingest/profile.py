@@ -383,12 +383,16 @@ PRODUCT_TAG = "cubelake:product"
 
 def match_profile(meta: SceneMetadata) -> SensorProfile | None:
     """The bundled profile for this scene, if any: the one named by the product its reader recognised from
-    the file's content (``cubelake:product``), else the first whose ``match`` rules pick it (by name or content)."""
+    the file's content (``cubelake:product``; none when no profile has that name, e.g. EnMAP L1B, whose
+    wavelengths would fit the L2A profile's rules), else the first whose ``match`` rules pick it."""
     builtins = builtin_profiles()
     product = meta.tags.get(PRODUCT_TAG)
     if product in builtins:
         log.info("%s: profile %s (the product's own metadata)", meta.path, product)
         return load_profile(builtins[product])
+    if product:  # a product the reader knows but no profile serves: another product's rules must not pick it
+        log.info("%s: a %s product; no bundled profile for it (give one with --profile)", meta.path, product)
+        return None
     for path in builtins.values():
         profile = load_profile(path)
         if profile.match is None:

@@ -44,6 +44,12 @@ __all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
 INTERRUPTED = "interrupted: nothing partial was published (unfinished builds are removed on the next run)"
 
 
+VARIABLE = typer.Option(None, "--variable", help="MATLAB/NetCDF/HDF5: the cube variable (group/name inside a group).")
+AXES = typer.Option(None, "--axes", help="MATLAB/NetCDF/HDF5: axis order of the cube (yxb, byx, ybx, ..., bp, pb).")
+WAVELENGTH_VARIABLE = typer.Option(None, "--wavelength-variable",
+                                   help="NetCDF/HDF5: the variable holding the band centres.")
+
+
 class OutputFormat(StrEnum):
     text = "text"
     json = "json"
@@ -188,12 +194,9 @@ def ingest_cmd(
     aux_max_time_delta: str | None = typer.Option(
         None, "--aux-max-time-delta",
         help="Largest time between a scene and its aux raster, e.g. 3d, 12h (default: no limit)."),
-    variable: str | None = typer.Option(None, "--variable", help="MATLAB/NetCDF/HDF5: the cube variable (group/name "
-                                        "inside a group)."),
-    axes: str | None = typer.Option(None, "--axes", help="MATLAB/NetCDF/HDF5: axis order of the cube (yxb, byx, ybx, "
-                                    "..., bp, pb)."),
-    wavelength_variable: str | None = typer.Option(None, "--wavelength-variable",
-                                                   help="NetCDF/HDF5: the variable holding the band centres."),
+    variable: str | None = VARIABLE,
+    axes: str | None = AXES,
+    wavelength_variable: str | None = WAVELENGTH_VARIABLE,
     workers: int | None = typer.Option(None, "--workers", help="Threads for reading/compressing (default: CPUs)."),
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
@@ -237,12 +240,9 @@ def validate_cmd(
     paths: list[str] = typer.Argument(..., help="Scene files or folders (walked recursively), or s3:// objects and prefixes (GeoTIFF, ENVI, Landsat MTL, MATLAB, EMIT/PRISMA/NetCDF/HDF5, EnMAP/DESIS)."),
     profile: str = typer.Option("auto", "--profile", "-p", help="Bundled profile name, YAML/CSV file, or 'auto'."),
     chunk: int | None = typer.Option(None, "--chunk", help="Read window size, pixels."),
-    variable: str | None = typer.Option(None, "--variable", help="MATLAB/NetCDF/HDF5: the cube variable (group/name "
-                                        "inside a group)."),
-    axes: str | None = typer.Option(None, "--axes", help="MATLAB/NetCDF/HDF5: axis order of the cube (yxb, byx, ybx, "
-                                    "..., bp, pb)."),
-    wavelength_variable: str | None = typer.Option(None, "--wavelength-variable",
-                                                   help="NetCDF/HDF5: the variable holding the band centres."),
+    variable: str | None = VARIABLE,
+    axes: str | None = AXES,
+    wavelength_variable: str | None = WAVELENGTH_VARIABLE,
     max_bytes: str | None = typer.Option(None, "--max-bytes", help="Largest decoded scene accepted (default 64GiB)."),
     max_dimension: int | None = typer.Option(None, "--max-dimension", help="Most rows or columns accepted (default 1,000,000)."),
     max_bands: int | None = typer.Option(None, "--max-bands", help="Most bands accepted (default 10,000)."),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -26,6 +27,7 @@ from ..report import Issue
 __all__ = [
     "BandInfo",
     "FileCalibration",
+    "LockedSource",
     "RasterSource",
     "SceneMetadata",
     "block_grid",
@@ -86,10 +88,19 @@ def file_size(path: PathLike) -> int:
 def read_bounded(path: PathLike, limit: int, what: str) -> bytes:
     """All bytes of a small file or object, refused (:class:`SceneReadError`) when it is over ``limit`` bytes.
 
-    ``what`` names the kind of file in that message (e.g. ``"an ENVI header"``). An object is read by one
+    ``what`` names the kind of file in messages (e.g. ``"an ENVI header"``). An object is read by one
     ranged GET of the size its HEAD gave, so an object replaced by a larger one in between is not read whole.
-    Raises ``OSError`` (a :class:`~cubelake.storage.StorageError` for objects) when it cannot be read.
+    A file or object that cannot be read is a :class:`SceneReadError` naming it and why.
     """
+    try:
+        return _read_bounded(path, limit, what)
+    except SceneReadError:
+        raise
+    except OSError as exc:  # missing, unreadable, or the object store's answer (StorageError)
+        raise SceneReadError(f"{display_name(path)}: cannot read {what}: {exc.strerror or exc}") from exc
+
+
+def _read_bounded(path: PathLike, limit: int, what: str) -> bytes:
     url = url_of_gdal_path(path)
     if url is None:
         st = os.stat(path)
@@ -202,6 +213,45 @@ class RasterSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class LockedSource:
+    """A scene read window by window through ``get(window) -> (band, y, x)`` under one lock.
+
+    For libraries that are not thread-safe or serialise anyway (h5py, netCDF, scipy arrays): a
+    decode error (a damaged chunk, a truncated file) becomes a :class:`SceneReadError` naming the
+    file; ``close`` releases the file (once).
+    """
+
+    def __init__(self, meta: SceneMetadata, get: Callable[[Window], np.ndarray],
+                 close: Callable[[], None] | None = None) -> None:
+        self._meta = meta
+        self._get = get
+        self._close = close
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def meta(self) -> SceneMetadata:
+        return self._meta
+
+    def read(self, window: Window) -> np.ndarray:
+        with self._lock:
+            if self._closed:
+                raise SceneReadError(f"{display_name(self._meta.path)}: read after close")
+            try:
+                return np.ascontiguousarray(self._get(window))
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:  # the libraries' errors on damaged data
+                raise SceneReadError(f"{self._meta.path}: {type(exc).__name__}: {exc}") from exc
+
+    def blocks(self, window: Window) -> Sequence[Window]:
+        return [window]
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed and self._close is not None:
+                self._close()
+            self._closed = True
 
 
 def block_grid(meta: SceneMetadata) -> ChunkGrid:

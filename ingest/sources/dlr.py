@@ -350,12 +350,7 @@ def parse_dlr_xml(data: bytes, name: str) -> Element:
 
 def _read_xml(xml: Path) -> Element:
     name = display_name(xml)
-    try:
-        data = read_bounded(xml, XML_MAX_BYTES, "a DLR METADATA.XML")
-    except SceneReadError:
-        raise
-    except OSError as exc:
-        raise SceneReadError(f"{name}: cannot read the METADATA.XML: {exc.strerror or exc}") from exc
+    data = read_bounded(xml, XML_MAX_BYTES, "a DLR METADATA.XML")
     return parse_dlr_xml(data, name)
 
 

@@ -32,8 +32,8 @@ import numpy as np
 from cubelake.errors import SceneReadError, UnsupportedFormatError
 from cubelake.grid import Window
 
-from ._base import BandInfo, SceneMetadata, display_name
-from .hdf import H5Source, attr, attr_floats, attr_text, dataset, epsg_of_wkt, iso_utc
+from ._base import BandInfo, LockedSource, SceneMetadata, display_name
+from .hdf import attr, attr_floats, attr_text, dataset, epsg_of_wkt, iso_utc
 
 __all__ = ["EMIT_PRODUCTS", "SLAB_BUDGET_BYTES", "emit_product", "glt_lookup", "open_emit"]
 
@@ -102,7 +102,7 @@ def _grid(h5: Any, path: str, glt_x: Any, glt_y: Any) -> tuple[tuple[float, ...]
     return tuple(gt), wkt
 
 
-def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> H5Source:
+def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> LockedSource:
     """An EMIT granule's cube on its map grid (``h5`` is the open file; it is closed with the source)."""
     name = display_name(path)
     product, what = EMIT_PRODUCTS[variable]
@@ -145,7 +145,7 @@ def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> H5Source:
     def get(window: Window) -> np.ndarray:
         return read_ortho(cube, glt_x, glt_y, window, nodata, name)
 
-    return H5Source(meta, h5, get)
+    return LockedSource(meta, get, h5.close)
 
 
 def glt_lookup(gx: np.ndarray, gy: np.ndarray, n_down: int, n_cross: int, where: str) -> tuple[np.ndarray, ...]:

@@ -224,12 +224,7 @@ def _band_infos(fields: dict[str, str], n: int, path: str, issues: list[Issue]) 
 
 def _read_header(header: Path) -> dict[str, str]:
     hpath = display_name(header)
-    try:
-        raw = read_bounded(header, HEADER_MAX_BYTES, "an ENVI header")
-    except SceneReadError:
-        raise
-    except OSError as exc:
-        raise SceneReadError(f"{hpath}: cannot read the ENVI header: {exc.strerror or exc}") from exc
+    raw = read_bounded(header, HEADER_MAX_BYTES, "an ENVI header")
     return parse_envi_header(raw.decode("latin-1"), hpath)
 
 

@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 from cubelake.errors import SceneReadError
-from cubelake.grid import Window
 from cubelake.storage import object_at, url_of_gdal_path
 
-from ._base import SceneMetadata, display_name
+from ._base import display_name
 
 __all__ = [
     "HDF5_SIGNATURE",
-    "H5Source",
     "attr",
     "attr_floats",
     "attr_text",
@@ -156,46 +152,6 @@ def attr_floats(obj: Any, name: str, path: str, *, product: str, n: int | None =
         raise SceneReadError(f"{display_name(path)}: attribute '{name}' has {a.size} values for {n} bands; "
                              "the file is inconsistent")
     return [float(x) for x in a.ravel()]
-
-
-class H5Source:
-    """A scene read window by window from an open HDF5 file through ``get(window) -> (band, y, x)``.
-
-    h5py serialises all calls into the HDF5 library, so reads take one lock; a decode error
-    (a damaged chunk, a truncated file) becomes a :class:`SceneReadError` naming the file.
-    """
-
-    def __init__(self, meta: SceneMetadata, h5: Any, get: Callable[[Window], np.ndarray],
-                 block_windows: Callable[[Window], Sequence[Window]] | None = None) -> None:
-        self._meta = meta
-        self._h5 = h5
-        self._get = get
-        self._block_windows = block_windows
-        self._lock = threading.Lock()
-
-    @property
-    def meta(self) -> SceneMetadata:
-        return self._meta
-
-    def read(self, window: Window) -> np.ndarray:
-        with self._lock:
-            if self._h5 is None:
-                raise SceneReadError(f"{self._meta.path}: read after close")
-            try:
-                return np.ascontiguousarray(self._get(window))
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:  # h5py's errors on a damaged chunk
-                raise SceneReadError(f"{self._meta.path}: {type(exc).__name__}: {exc}") from exc
-
-    def blocks(self, window: Window) -> Sequence[Window]:
-        return self._block_windows(window) if self._block_windows is not None else [window]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._h5 is not None:
-                self._h5.close()
-                self._h5 = None
-
-
 
 def iso_utc(text: str | None, what: str) -> str | None:
     """A product's time attribute (``2023-02-17T06:40:52+0000``, ``2020-06-13T10:23:41.123``: naive = UTC) as

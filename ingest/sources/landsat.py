@@ -47,12 +47,7 @@ def is_mtl(path: Path) -> bool:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        raw = read_bounded(path, MTL_MAX_BYTES, "a Landsat MTL")
-    except SceneReadError:
-        raise
-    except OSError as exc:
-        raise SceneReadError(f"{display_name(path)}: cannot read the MTL: {exc.strerror or exc}") from exc
+    raw = read_bounded(path, MTL_MAX_BYTES, "a Landsat MTL")
     return raw.replace(b"\x00", b"").decode("utf-8", errors="replace")
 
 

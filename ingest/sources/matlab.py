@@ -13,8 +13,6 @@ read window by window through h5py.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +23,7 @@ from cubelake.errors import NoCubeError, SceneReadError
 from cubelake.grid import Window
 
 from ..report import Code, Issue, warning
-from ._base import BandInfo, SceneMetadata
+from ._base import BandInfo, LockedSource, SceneMetadata
 
 __all__ = ["MatSource", "find_label_map", "is_mat_v73", "open_mat"]
 
@@ -93,35 +91,12 @@ def _scalar(v: Any) -> int | None:
     return None
 
 
-class MatSource:
-    """A cube held as a ``(band, y, x)`` array view (v5) or read lazily from HDF5 (v7.3)."""
+class MatSource(LockedSource):
+    """A cube held as a ``(band, y, x)`` array view (v5) or read lazily from HDF5 (v7.3), and its label map."""
 
     def __init__(self, meta: SceneMetadata, get: Any, labels: np.ndarray | None, close: Any = None) -> None:
-        self._meta = meta
-        self._get = get  # (window) -> (band, y, x) array
+        super().__init__(meta, get, close)
         self.labels = labels
-        self._close = close
-        self._lock = threading.Lock()
-
-    @property
-    def meta(self) -> SceneMetadata:
-        return self._meta
-
-    def read(self, window: Window) -> np.ndarray:
-        with self._lock:  # h5py serialises anyway; keeps the contract simple
-            try:
-                return np.ascontiguousarray(self._get(window))
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:  # h5py's errors on a damaged file
-                raise SceneReadError(f"{self._meta.path}: {type(exc).__name__}: {exc}") from exc
-
-    def blocks(self, window: Window) -> Sequence[Window]:
-        return [window]
-
-    def close(self) -> None:
-        if self._close is not None:
-            self._close()
-            self._close = None
-
 
 def _pick_cube(vars_: list[_Var], variable: str | None, path: Path, grid: tuple[int, int] | None) -> _Var:
     if variable is not None:

@@ -22,8 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +33,10 @@ from cubelake.grid import Window
 
 from ..report import Code, Issue, warning
 from ..spectral import unit_factor_to_nm
-from ._base import BandInfo, FileCalibration, SceneMetadata, display_name
+from ._base import BandInfo, FileCalibration, LockedSource, SceneMetadata, display_name
 from .hdf import epsg_of_wkt, hdf5_signature_at, is_netcdf3
 
-__all__ = ["CubeAxes", "NetcdfSource", "open_netcdf"]
+__all__ = ["CubeAxes", "open_netcdf"]
 
 log = logging.getLogger(__name__)
 
@@ -221,46 +220,19 @@ def _time(ds: Any) -> str | None:
     return str(value) if value else None
 
 
-class NetcdfSource:
-    """A cube read window by window through xarray's lazy indexing (one lock: the HDF5/NetCDF libraries
-    are not thread-safe)."""
+def _reader(var: Any, axes: CubeAxes, height: int, flip: bool) -> Callable[[Window], np.ndarray]:
+    """``(band, y, x)`` windows of ``var`` (rows flipped for a south-up file)."""
+    def get(w: Window) -> np.ndarray:
+        rows = slice(height - w.row_end, height - w.row_off) if flip else slice(w.row_off, w.row_end)
+        block = var.isel({axes.y: rows, axes.x: slice(w.col_off, w.col_end)})
+        data = block.transpose(axes.band, axes.y, axes.x, ...).values
+        data = data.reshape(data.shape[:3])  # singleton extra dimensions (time = 1)
+        return data[:, ::-1] if flip else data
 
-    def __init__(self, meta: SceneMetadata, var: Any, axes: CubeAxes, flip: bool, close: Sequence[Any]) -> None:
-        self._meta = meta
-        self._var = var
-        self._axes = axes
-        self._flip = flip
-        self._close = list(close)
-        self._lock = threading.Lock()
-
-    @property
-    def meta(self) -> SceneMetadata:
-        return self._meta
-
-    def read(self, window: Window) -> np.ndarray:
-        h = self._meta.height
-        rows = slice(h - window.row_end, h - window.row_off) if self._flip else slice(window.row_off, window.row_end)
-        sel = {self._axes.y: rows, self._axes.x: slice(window.col_off, window.col_end)}
-        with self._lock:
-            try:
-                block = self._var.isel(sel).transpose(self._axes.band, self._axes.y, self._axes.x, ...).values
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:
-                raise SceneReadError(f"{self._meta.path}: {type(exc).__name__}: {exc}") from exc
-        block = block.reshape(block.shape[:3])  # singleton extra dimensions (time = 1)
-        return np.ascontiguousarray(block[:, ::-1] if self._flip else block)
-
-    def blocks(self, window: Window) -> Sequence[Window]:
-        return [window]
-
-    def close(self) -> None:
-        with self._lock:
-            for c in self._close:
-                c.close()
-            self._close = []
-
+    return get
 
 def open_netcdf(path: str | os.PathLike[str], head: bytes, *, variable: str | None = None, axes: str | None = None,
-                wavelength_variable: str | None = None) -> NetcdfSource:
+                wavelength_variable: str | None = None) -> LockedSource:
     """Open a NetCDF/HDF5 cube (see the module docstring for what is read from where)."""
     group, _, var_name = (variable or "").rpartition("/")
     ds, handle = _open(str(path), head, group or None)
@@ -275,7 +247,7 @@ def open_netcdf(path: str | os.PathLike[str], head: bytes, *, variable: str | No
 
 
 def _source(ds: Any, handle: Any, name: str, fmt: str, variable: str | None, axes: str | None,
-            wavelength_variable: str | None) -> NetcdfSource:
+            wavelength_variable: str | None) -> LockedSource:
     issues: list[Issue] = []
     path, name = name, display_name(name)  # the record keeps GDAL's name of an object, messages its URL
     var = _pick(ds, variable, name)
@@ -308,5 +280,10 @@ def _source(ds: Any, handle: Any, name: str, fmt: str, variable: str | None, axe
         block_shape=(var.sizes[ax.y], var.sizes[ax.x]), datetime=_time(ds),
         tags={"variable": str(var.name), "axes": f"{ax.band},{ax.y},{ax.x}"}, calibrations=cals,
         georeferenced=georef, issues=tuple(issues))
-    return NetcdfSource(meta, var, ax, flip, [ds, *([handle] if handle is not None else [])])
+    def close() -> None:
+        ds.close()
+        if handle is not None:
+            handle.close()
+
+    return LockedSource(meta, _reader(var, ax, meta.height, flip), close)
 

@@ -30,8 +30,8 @@ from cubelake.errors import SceneReadError
 from cubelake.grid import Window
 
 from ..report import Code, Issue, warning
-from ._base import BandInfo, FileCalibration, SceneMetadata, display_name
-from .hdf import H5Source, attr_floats, attr_text, dataset, iso_utc
+from ._base import BandInfo, FileCalibration, LockedSource, SceneMetadata, display_name
+from .hdf import attr_floats, attr_text, dataset, iso_utc
 
 __all__ = ["PRISMA_LEVELS", "open_prisma", "prisma_level"]
 
@@ -134,7 +134,7 @@ def _reader(dets: list[_Detector]) -> Any:
     return get
 
 
-def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> H5Source:
+def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> LockedSource:
     """A PRISMA product's VNIR + SWIR cube (``h5`` is the open file; it is closed with the source)."""
     name = display_name(path)
     dets = [_detector(h5, str(path), level, d) for d in ("Vnir", "Swir")]
@@ -171,7 +171,7 @@ def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> H5Source:
         tags=tags, calibrations=(FileCalibration("prisma_scale", gains, offsets, unit=unit,
                                                  note="L1: DN / ScaleFactor - Offset; L2: Min + DN (Max - Min) / 65535"),),
         georeferenced=transform is not None, issues=tuple(issues))
-    return H5Source(meta, h5, _reader(dets))
+    return LockedSource(meta, _reader(dets), h5.close)
 
 
 def _wkt(epsg: int | None) -> str | None:

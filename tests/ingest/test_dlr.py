@@ -391,3 +391,17 @@ def test_a_delivery_folder_is_one_scene_ingested_with_its_product_profile(tmp_pa
         value = got[k].data[valid] * scales[k] + offsets[k]
         expected = d.gains[band - 1] * dn[band - 1] + d.offsets[band - 1]  # the XML's per-band coefficients
         np.testing.assert_allclose(value, expected[valid], rtol=1e-6)
+
+
+def test_an_l1b_delivery_never_gets_the_l2a_profile(tmp_path: Path) -> None:
+    import dataclasses
+
+    from cubelake.ingest import match_profile
+
+    d = _write(tmp_path, "enmap-l1b")
+    src = open_dlr(d.xml)
+    meta = dataclasses.replace(src.meta, count=224)  # a full-size L1B: 224 bands, named ENMAP01-…
+    src.close()
+    assert meta.tags["cubelake:product"] == "enmap-l1b"
+    found = match_profile(meta)
+    assert found is None or found.name != "enmap-l2a"  # radiance is never scaled as reflectance
