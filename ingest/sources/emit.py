@@ -168,25 +168,30 @@ def read_ortho(cube: Any, glt_x: Any, glt_y: Any, window: Window, fill: float, w
     """The map-grid window ``(band, y, x)`` of a swath cube ``(downtrack, crosstrack, band)`` through its GLT."""
     rs, cs = slice(window.row_off, window.row_end), slice(window.col_off, window.col_end)
     gx, gy = np.asarray(glt_x[rs, cs]), np.asarray(glt_y[rs, cs])
-    return _fill_window(cube, gx, gy, window, fill, where, budget)
+    out = np.empty((window.height, window.width, cube.shape[2]), dtype=cube.dtype)
+    _fill_window(cube, gx, gy, window, fill, where, budget, out)
+    # filled pixel by pixel (each a contiguous run of bands, as the swath stores them); one transpose at the end
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
 
 
 def _fill_window(cube: Any, gx: np.ndarray, gy: np.ndarray, window: Window, fill: float, where: str,
-                 budget: int) -> np.ndarray:
+                 budget: int, out: np.ndarray) -> None:
+    """Fill ``out`` ``(y, x, band)`` for ``window`` from the swath slab its GLT entries reach."""
     n_down, n_cross, n_bands = cube.shape
-    out = np.full((n_bands, window.height, window.width), fill, dtype=cube.dtype)
     valid, rows, cols = glt_lookup(gx, gy, n_down, n_cross, where)
     if rows.size == 0:
-        return out
+        out[...] = fill
+        return
     r0, r1, c0, c1 = int(rows.min()), int(rows.max()) + 1, int(cols.min()), int(cols.max()) + 1
     slab_bytes = (r1 - r0) * (c1 - c0) * n_bands * cube.dtype.itemsize
     if slab_bytes > budget and window.height * window.width > 1:
         for part, (ys, xs) in _halves(window):
-            out[:, ys, xs] = _fill_window(cube, gx[ys, xs], gy[ys, xs], part, fill, where, budget)
-        return out
+            _fill_window(cube, gx[ys, xs], gy[ys, xs], part, fill, where, budget, out[ys, xs])
+        return
     slab = cube[r0:r1, c0:c1, :]  # the swath pixels this window sees, all bands
-    out[:, valid] = slab[rows - r0, cols - c0, :].T
-    return out
+    if not valid.all():
+        out[~valid] = fill
+    out[valid] = slab[rows - r0, cols - c0, :]
 
 
 def _halves(window: Window) -> Sequence[tuple[Window, tuple[slice, slice]]]:

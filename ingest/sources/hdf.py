@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: An HDF5 file may start with a user block of 512, 1024, 2048 ... bytes (MATLAB v7.3 uses 512).
 _SIGNATURE_OFFSETS = (0, 512, 1024, 2048)
+#: HDF5's chunk cache per dataset (its default is 1 MiB): a compressed chunk bigger than that is decoded
+#: again for every window that touches it; EMIT's swath is read by many windows per chunk.
+CHUNK_CACHE_BYTES = 64 * 1024 * 1024
 #: No product attribute needs more numbers than this (a per-band list of a few hundred bands, a WKT).
 MAX_ATTR_ELEMENTS = 1 << 16
 
@@ -69,8 +72,8 @@ def open_h5(path: str | os.PathLike[str]) -> Any:
         if url is not None:
             store, key = object_at(url)
             handle = store.open_reader(key)
-            return h5py.File(handle, "r")
-        return h5py.File(path, "r")
+            return h5py.File(handle, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        return h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         if handle is not None:
             handle.close()
