@@ -22,6 +22,14 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+def busy_cpu_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine since boot (all cores; iowait counts as idle)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def lo_rx() -> int:
     """Bytes received on the loopback interface (all processes; only the measured run uses it)."""
     for line in Path("/proc/net/dev").read_text().splitlines():

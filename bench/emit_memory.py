@@ -60,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
 sys.path.insert(0, str(ROOT))  # tests.ingest.emit_fixtures (tests is a package)
-from common import can_drop_caches, drop_caches, isolated  # noqa: E402
+from common import busy_cpu_seconds, can_drop_caches, drop_caches, isolated  # noqa: E402
 
 FULL = (1280, 1242, 285)  # an EMIT L2A RFL swath: downtrack, crosstrack, bands
 SMALL = (304, 296, 285)  # ~100 MB, same bands
@@ -397,14 +397,6 @@ LABELS = {
     "ingest": "cubelake ingest --products cog,zarr (2 workers)",
     "naive": "naive: xarray whole swath + apply_glt (LP DAAC recipe)",
 }
-
-
-def busy_cpu_seconds() -> float:
-    """Non-idle CPU seconds of the whole machine since boot (all cores; iowait counts as idle)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(max_wait_s: float) -> float:

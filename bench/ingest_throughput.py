@@ -47,7 +47,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
-from common import can_drop_caches, drop_caches  # noqa: E402
+from common import busy_cpu_seconds, can_drop_caches, drop_caches  # noqa: E402
 from synth import ensure_scene as ensure_synth_scene  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -71,14 +71,6 @@ def ensure_scene(out: Path, height: int, width: int, bands: int) -> Path:
 
 
 # -- one measured run ---------------------------------------------------------------------------
-
-
-def busy_cpu_seconds() -> float:
-    """Non-idle CPU seconds of the whole machine since boot (all cores; iowait counts as idle)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(max_wait_s: float) -> float:
