@@ -3,7 +3,9 @@
 GeoTIFFs, ENVI scenes (a header and its raw data object) and Landsat MTL sets (the MTL and the
 band GeoTIFFs it names) are read by GDAL through ``/vsis3/`` with HTTP range requests: headers,
 then the blocks the scan asks for, so memory stays that of a local ingest whatever the scene's
-size. HDF5 and NetCDF-4 files (EMIT, PRISMA, research cubes) are read in place too: h5py reads
+size. EnMAP/DESIS deliveries are read in place as well (the METADATA.XML by one bounded GET, the
+image through GDAL; the delivery's other objects belong to the XML). HDF5 and NetCDF-4 files
+(EMIT, PRISMA, research cubes) are read in place too: h5py reads
 them through a ranged object reader, fetching only the metadata and chunks a window needs.
 The small text files (an ENVI header, an MTL) are read by one size-bounded ranged GET. A
 prefix is grouped into scenes as a local folder is: a header with its data object, an MTL with
@@ -39,6 +41,7 @@ from cubelake.storage import (
 
 from . import SceneInput, SceneKind
 from ._base import is_regular_file
+from .dlr import dlr_side_files, is_dlr_metadata
 from .envi import envi_data_candidates, envi_header_candidates
 from .landsat import is_mtl, mtl_band_files, parse_mtl
 
@@ -73,6 +76,8 @@ def _scene(url: str, explicit: bool, exists: _Exists) -> SceneInput | None:
     name = path.name.lower()
     if is_mtl(path):
         return SceneInput(path=path, kind=SceneKind.LANDSAT, url=url)
+    if name.endswith("-metadata.xml") and is_dlr_metadata(path):  # an EnMAP/DESIS delivery
+        return SceneInput(path=path, kind=SceneKind.DLR, url=url)
     if name.endswith(".hdr"):
         return _envi(path, exists)
     header = next((c for c in envi_header_candidates(path) if exists(c)), None)
@@ -146,6 +151,15 @@ def _landsat_bands(paths: list[Path]) -> set[Path]:
     return bands
 
 
+def _dlr_files(paths: list[Path]) -> set[Path]:
+    """The images, masks and quicklooks of the EnMAP/DESIS deliveries among ``paths`` (their XML is the scene)."""
+    files: set[Path] = set()
+    for p in paths:
+        if p.name.lower().endswith("-metadata.xml") and is_dlr_metadata(p):
+            files.update(dlr_side_files(p))
+    return files
+
+
 def _listed(url: str, prefix: Store) -> list[SceneInput]:
     entries = _objects(url, prefix)
     paths = {e: gdal_path(e) for e in entries if isinstance(e, str)}
@@ -154,7 +168,7 @@ def _listed(url: str, prefix: Store) -> list[SceneInput]:
     def listed(p: Path) -> bool:
         return str(p) in present
 
-    consumed = _landsat_bands(list(paths.values()))
+    consumed = _landsat_bands(list(paths.values())) | _dlr_files(list(paths.values()))
     out: list[SceneInput] = []
     for e in entries:
         if isinstance(e, SceneInput):

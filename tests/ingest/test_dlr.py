@@ -405,3 +405,38 @@ def test_an_l1b_delivery_never_gets_the_l2a_profile(tmp_path: Path) -> None:
     assert meta.tags["cubelake:product"] == "enmap-l1b"
     found = match_profile(meta)
     assert found is None or found.name != "enmap-l2a"  # radiance is never scaled as reflectance
+
+
+def test_a_delivery_on_s3_is_read_in_place_and_equals_the_local_ingest(s3_server: Any, s3_bucket: str,
+                                                                       tmp_path: Path) -> None:
+    import json
+
+    import zarr
+
+    from ..conftest import no_traceback, run_cli
+
+    d = _write(tmp_path / "in", "enmap-l2a")
+    client = s3_server.client()
+    for f in sorted(d.folder.iterdir()):
+        client.upload_file(str(f), s3_bucket, f"deliveries/{d.folder.name}/{f.name}")
+    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "CUBELAKE_CACHE": str(tmp_path / "c"),
+           "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert run_cli("ingest", str(d.folder), "--lake", str(local), "--products", "zarr").returncode == 0
+    res = run_cli("ingest", f"s3://{s3_bucket}/deliveries/", "--lake", str(remote), "--products", "zarr",
+                  "--format", "json", env=env)
+    out = no_traceback(res)
+    assert res.returncode == 0, out
+    results = json.loads(res.stdout)["results"]
+    assert len(results) == 1  # the image, masks and quicklooks are the XML's, not scenes
+    sid = d.xml.name[: -len("-METADATA.XML")]
+    here = json.loads((local / "scenes" / sid / "scene.json").read_text())
+    there = json.loads((remote / "scenes" / sid / "scene.json").read_text())
+    assert there["source"]["path"] == f"s3://{s3_bucket}/deliveries/{d.folder.name}/{d.xml.name}"
+    for part in ("bands", "grid", "acquisition", "profile", "calibration"):
+        assert there[part] == here[part], part
+    a = zarr.open_group(str(local / "scenes" / sid / f"{sid}.zarr"), mode="r")
+    b = zarr.open_group(str(remote / "scenes" / sid / f"{sid}.zarr"), mode="r")
+    name = next(iter(a.array_keys()))
+    np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
