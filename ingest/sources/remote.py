@@ -91,8 +91,9 @@ def _scene(url: str, explicit: bool, exists: _Exists) -> SceneInput | None:
         return None
     return SceneInput(path=path, kind=SceneKind.SPECIAL, url=url,
                       problem=f"{url}: this format is not read from object stores (GeoTIFF, NetCDF/HDF5 (.nc, .h5, "
-                              ".he5), ENVI header + data and Landsat MTL + band objects are read in place, MATLAB "
-                              "files fetched); download it and ingest the local copy")
+                              ".he5), ENVI header + data, Landsat MTL + band objects and EnMAP/DESIS METADATA.XML + "
+                              "image are read in place, MATLAB files fetched); download it and ingest the local "
+                              "copy")
 
 
 def discover_remote(url: str, options: S3Options | None = None) -> list[SceneInput]:
