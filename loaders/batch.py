@@ -3,7 +3,8 @@
 The plan says which samples a batch holds and which chunks they need; :class:`BatchCutter` copies each
 window's pixels out of its chunks in the stored type (cast to float32 on the way), folds CF scale/offset
 and normalisation into one multiply-add, sets nodata/outside pixels to the fill and drops samples below
-``Sampling.min_valid``, then hands out torch tensors. Arrays are reused through :class:`BufferPool`.
+``Sampling.min_valid``, then hands out torch tensors. Arrays are reused through :class:`BufferPool`. The
+copy itself is compiled (:mod:`.kernels`): one pass per chunk, band by band, over every window of the batch.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import numpy as np
 import torch
 
 from .epoch import EpochTable
+from .kernels import cut_chunk
 from .metrics import LoaderMetrics
 from .plan import COL, ROW, SCENE, EpochPlan, SampleTable
 from .products._base import nodata_mask
-from .reader import ChunkReader
+from .reader import ChunkKey, ChunkReader
 from .sources import ChunkSource
 from .spectral import Spectral
 
@@ -79,6 +81,9 @@ class BatchCutter:
         self._aux_bands = [next(iter(bands_of[name])) for name in aux]
         self._buffers = BufferPool()
         self._affine_params = self._affine(norm)
+        # per scene: the chunk bands the output takes, as the compiled cut wants them
+        self._band_index = [np.arange(src.n_bands, dtype=np.int64) if b is None else np.ascontiguousarray(b, np.int64)
+                            for src, b in zip(self.sources, self._bands, strict=True)]
 
     def _affine(self, norm_params: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values
@@ -98,77 +103,92 @@ class BatchCutter:
 
     def cut(self, plan: EpochPlan, et: EpochTable, lo: int, hi: int, chunks: list[tuple[int, int]],
             reader: ChunkReader, metrics: LoaderMetrics, spectral: Spectral) -> dict[str, Any]:
-        """Cut the batch's windows from their chunks in the stored type, then convert all at once in torch."""
+        """Cut the batch's windows from their chunks: cast, scaled and filled in one pass per chunk."""
         table = et.table
         h, w = table.size
         idx = plan.order[lo:hi]
         rows = table.rows[idx]
         n = idx.size
-        # windows are cast to float32 as they are copied out of the chunks: one pass, not two
         x = self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
-        outside: np.ndarray | None = None  # (n, h, w): pixels beyond the raster (padded windows)
         aux_out = {name: np.full((n, nb, h, w), np.nan, np.float32) for name, nb in zip(self.aux, self._aux_bands, strict=True)}
-        sel = np.arange(n)  # the cut samples that end up in the batch
-        keep = np.ones(n, bool)
-        masked = np.zeros(n, bool)  # samples touching a chunk with nodata
-        used = 0
         t_wait = metrics.chunk_wait_s
         t0 = time.perf_counter()
-        for i in range(n):
-            s, r, c = (int(v) for v in rows[i])
-            src = self.sources[s]
-            g = src.grid
-            bands = self._bands[s]
-            if r < 0 or c < 0 or r + h > g.height or c + w > g.width:
-                if outside is None:
-                    outside = np.zeros((n, h, w), bool)
-                outside[i] = True
-                outside[i, max(r, 0) - r:min(r + h, g.height) - r, max(c, 0) - c:min(c + w, g.width) - c] = False
-                x[i] = 0
-                masked[i] = True
-            for cpos in plan.chunks_of(lo + i):
-                key = chunks[int(cpos)]
-                arr = reader.get(key)
-                if arr is None:
-                    keep[i] = False
-                    break
-                masked[i] |= reader.has_fill(key)
-                cy, cx = divmod(key[1], g.n_cols)
-                y0, x0 = cy * g.chunk_y, cx * g.chunk_x
-                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_y, g.height)
-                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_x, g.width)
-                if ry0 >= ry1 or rx0 >= rx1:
-                    continue
-                part = arr[:, ry0 - y0:ry1 - y0, rx0 - x0:rx1 - x0]
-                dst = x[i, :, ry0 - r:ry1 - r, rx0 - c:rx1 - c]
-                dst[...] = part if bands is None else part[bands]
-                used += part.nbytes if bands is None else part.nbytes // part.shape[0] * bands.size
-                if aux_out:
-                    self._cut_aux(aux_out, i, s, key[1], reader, (ry0 - y0, ry1 - y0, rx0 - x0, rx1 - x0),
-                                  (ry0 - r, ry1 - r, rx0 - c, rx1 - c))
+        by_chunk, outside = self._pieces(plan, lo, rows, chunks, (h, w))
+        keep, bad, used = self._copy(x, by_chunk, outside, reader, spectral.fill, aux_out)
+        sel = np.arange(n)  # the cut samples that end up in the batch
         if not keep.all():
-            x, idx, rows, masked, sel = x[keep], idx[keep], rows[keep], masked[keep], sel[keep]
-            outside = outside[keep] if outside is not None else None
+            x, idx, rows, bad, sel = x[keep], idx[keep], rows[keep], bad[keep], sel[keep]
         scenes = rows[:, SCENE]
-        ok = self._fill_and_scale(x, scenes, masked, outside, spectral.fill)
-        invalid = int((~ok).sum()) if ok is not None else 0
-        if invalid:
-            x, idx, rows, scenes, sel = x[ok], idx[ok], rows[ok], scenes[ok], sel[ok]
+        invalid = 0
+        if self.sampling.min_valid > 0 and bad.any():
+            ok = 1.0 - bad / float(self.n_bands * h * w) >= self.sampling.min_valid
+            invalid = int((~ok).sum())
+            if invalid:
+                x, idx, rows, scenes, sel = x[ok], idx[ok], rows[ok], scenes[ok], sel[ok]
         proj = spectral.projection
         if proj is not None:
             x = proj.apply(x)
         if x.dtype != np.dtype(spectral.dtype):
             x = x.astype(spectral.dtype)
-        image = torch.from_numpy(x)
         label = self._batch_labels(table, idx, rows)
         metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
-        out = {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
+        out = {"image": torch.from_numpy(x), "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
                "window": torch.from_numpy(window.astype(np.int64)), "weight": torch.from_numpy(et.weight[idx])}
         if aux_out:
             out["aux"] = {name: torch.from_numpy(a if sel.size == n else a[sel]) for name, a in aux_out.items()}
         return out
+
+    def _pieces(self, plan: EpochPlan, lo: int, rows: np.ndarray, chunks: list[tuple[int, int]],
+                size: tuple[int, int]) -> tuple[dict[ChunkKey, list[tuple[int, ...]]], np.ndarray]:
+        """Per chunk, the parts of the batch's windows it holds (rows of :data:`~.kernels.PIECE_FIELDS`, an
+        empty part for a chunk the plan lists that the window only touches), and each window's pixel count
+        beyond the raster (padded windows)."""
+        h, w = size
+        by_chunk: dict[ChunkKey, list[tuple[int, ...]]] = {}
+        outside = np.zeros(rows.shape[0], np.int64)
+        for i in range(rows.shape[0]):
+            s, r, c = (int(v) for v in rows[i])
+            g = self.sources[s].grid
+            if r < 0 or c < 0 or r + h > g.height or c + w > g.width:
+                inside = max(0, min(r + h, g.height) - max(r, 0)) * max(0, min(c + w, g.width) - max(c, 0))
+                outside[i] = h * w - inside
+            for cpos in plan.chunks_of(lo + i):
+                key = chunks[int(cpos)]
+                cy, cx = divmod(key[1], g.n_cols)
+                y0, x0 = cy * g.chunk_y, cx * g.chunk_x
+                ry0, ry1 = max(r, y0, 0), min(r + h, y0 + g.chunk_y, g.height)
+                rx0, rx1 = max(c, x0, 0), min(c + w, x0 + g.chunk_x, g.width)
+                by_chunk.setdefault(key, []).append((i, ry0 - y0, max(ry0, ry1) - y0, rx0 - x0, max(rx0, rx1) - x0,
+                                                     ry0 - r, rx0 - c))
+        return by_chunk, outside
+
+    def _copy(self, x: np.ndarray, by_chunk: dict[ChunkKey, list[tuple[int, ...]]], outside: np.ndarray,
+              reader: ChunkReader, fill: float, aux_out: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Copy every chunk's pieces into ``x``; the samples kept (every chunk they need was read), each
+        sample's count of nodata values (pixels beyond the raster count in every band), and the bytes used."""
+        keep = np.ones(x.shape[0], bool)
+        bad = outside * x.shape[1]
+        x[np.flatnonzero(outside)] = fill
+        used = 0
+        for key, plist in by_chunk.items():
+            arr = reader.get(key)
+            pieces = np.array(plist, np.int64)
+            if arr is None:
+                keep[pieces[:, 0]] = False
+                continue
+            s = key[0]
+            bands = self._band_index[s]
+            gain, off, _ = self._affine_params
+            cut_chunk(arr, bands, x, pieces, gain[s], off[s], self.sources[s].fill_value, reader.has_fill(key), fill, bad)
+            pixels = int(((pieces[:, 2] - pieces[:, 1]) * (pieces[:, 4] - pieces[:, 3])).sum())
+            used += pixels * bands.size * arr.itemsize
+            for i, sy0, sy1, sx0, sx1, dy0, dx0 in plist if aux_out else ():
+                if sy1 > sy0 and sx1 > sx0:
+                    self._cut_aux(aux_out, i, s, key[1], reader, (sy0, sy1, sx0, sx1),
+                                  (dy0, dy0 + sy1 - sy0, dx0, dx0 + sx1 - sx0))
+        return keep, bad, used
 
     def _cut_aux(self, out: dict[str, np.ndarray], i: int, scene: int, chunk: int, reader: ChunkReader,
                  src: tuple[int, int, int, int], dst: tuple[int, int, int, int]) -> None:
@@ -187,36 +207,6 @@ class BatchCutter:
             if layer.scale != 1.0 or layer.add_offset != 0.0:
                 part = part * np.float32(layer.scale) + np.float32(layer.add_offset)
             out[name][i, :, dst[0]:dst[1], dst[2]:dst[3]] = part
-
-    def _fill_and_scale(self, x: np.ndarray, scenes: np.ndarray, masked: np.ndarray, outside: np.ndarray | None,
-                        fill: float) -> np.ndarray | None:
-        """Scale ``x`` in place and set its nodata, NaN and outside pixels to the fill; the samples valid
-        enough to keep (``None``: no ``min_valid`` check was needed)."""
-        gain, off, fillv = (v[scenes] for v in self._affine_params)
-        mi = np.flatnonzero(masked)
-        bad: np.ndarray | None = None
-        if mi.size:  # nodata, NaN and outside pixels of the samples that can have them (before scaling)
-            sub = x[mi]
-            bad = np.isnan(sub)
-            fills = fillv[mi]
-            has = np.isfinite(fills)
-            if has.any():  # stored values are exact in float32 for the integer types cubelake writes
-                bad |= (sub == np.where(has, fills, np.nan).astype(np.float32)[:, None, None, None])
-            if outside is not None:
-                bad |= outside[mi][:, None]
-        if not (np.all(gain == 1.0) and np.all(off == 0.0)):
-            x *= gain[:, :, None, None]
-            x += off[:, :, None, None]
-        if bad is None:
-            return None
-        sub = x[mi]
-        sub[bad] = fill
-        x[mi] = sub
-        if self.sampling.min_valid <= 0:
-            return None
-        frac = np.ones(x.shape[0])
-        frac[mi] = 1.0 - bad.mean(axis=(1, 2, 3))
-        return frac >= self.sampling.min_valid
 
     def _batch_labels(self, table: SampleTable, idx: np.ndarray, rows: np.ndarray) -> torch.Tensor:
         if self.sampling.labels != "dense":

@@ -1,0 +1,82 @@
+"""The cut's inner loop, compiled: windows copied out of one decoded chunk, cast, scaled and filled in one pass.
+
+Why compiled (numba) rather than numpy: numpy copies a window ``chunk[:, r:r+h, c:c+w]`` into a
+float32 batch one short row at a time (``w`` elements), and window after window it walks every band
+of a 16 MiB chunk, so each source cache line is fetched for one 64-byte row and evicted before its
+neighbours are used. On the bench cube (int16 chunks of 128 × 256 × 256, 64 windows of 32 × 32) that
+cut took 9 ms per batch, against 3 ms for a plain contiguous cast of the same bytes. This loop goes
+band by band instead — one 128 KiB band plane stays in cache while every window of the batch takes
+its rows — and folds the CF scale/offset, normalisation and nodata fill into the same pass: 4.7 ms,
+and no second pass over the batch for scaling or masking.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["PIECE_FIELDS", "cut_chunk", "stored_fill"]
+
+# one row of ``pieces``: sample index in the batch, source rows [sy0, sy1) and cols [sx0, sx1) in the
+# chunk, and the destination's top-left (dy0, dx0) in the window
+PIECE_FIELDS = ("sample", "sy0", "sy1", "sx0", "sx1", "dy0", "dx0")
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _cut(chunk: Any, bands: Any, out: Any, pieces: Any, gain: Any, offset: Any, check: bool,  # pragma: no cover
+         fillv: float, fill: Any, bad: Any) -> None:
+    # (numba compiles this; coverage cannot see inside, the tests check its results against numpy)
+    for bi in range(bands.shape[0]):
+        plane = chunk[bands[bi]]
+        g = gain[bi]
+        o = offset[bi]
+        for p in range(pieces.shape[0]):
+            i = pieces[p, 0]
+            sy0, sy1, sx0, sx1 = pieces[p, 1], pieces[p, 2], pieces[p, 3], pieces[p, 4]
+            dy0, dx0 = pieces[p, 5], pieces[p, 6]
+            dst = out[i, bi]
+            nx = sx1 - sx0
+            for y in range(sy1 - sy0):
+                src_row = plane[sy0 + y, sx0:sx1]
+                dst_row = dst[dy0 + y, dx0:dx0 + nx]
+                if check:
+                    n_bad = 0
+                    for x in range(nx):
+                        v = np.float64(src_row[x])
+                        if v != v or v == fillv:  # NaN, or the stored nodata value
+                            dst_row[x] = fill
+                            n_bad += 1
+                        else:
+                            dst_row[x] = np.float32(src_row[x]) * g + o
+                    bad[i] += n_bad
+                else:
+                    for x in range(nx):
+                        dst_row[x] = np.float32(src_row[x]) * g + o
+
+
+def cut_chunk(chunk: np.ndarray, bands: np.ndarray, out: np.ndarray, pieces: np.ndarray, gain: np.ndarray,
+              offset: np.ndarray, fill_value: float | None, check: bool, fill: float, bad: np.ndarray) -> None:
+    """Copy ``pieces`` (int64 rows of :data:`PIECE_FIELDS`) of ``chunk`` ``(band, y, x)`` into ``out``
+    ``(sample, band, y, x)`` float32: ``out = stored * gain + offset`` per selected band (``bands``, int64
+    indices into the chunk; ``gain``/``offset`` float32, one per selected band). With ``check``, a stored
+    NaN or ``fill_value`` pixel is written as ``fill`` instead and counted in ``bad[sample]``.
+
+    ``fill_value`` is compared in the chunk's type, as the chunk's nodata test on the decode threads does.
+    """
+    _cut(chunk, bands, out, pieces, gain, offset, check, stored_fill(fill_value, chunk.dtype), np.float32(fill), bad)
+
+
+def stored_fill(fill_value: float | None, dtype: np.dtype[Any]) -> float:
+    """``fill_value`` as the stored type holds it (a float type rounds it), NaN when no stored value can equal it."""
+    if fill_value is None or not np.isfinite(fill_value):
+        return float("nan")
+    if dtype.kind == "f":
+        return float(np.asarray(fill_value).astype(dtype))
+    if dtype.kind not in "iu":
+        return float("nan")
+    info = np.iinfo(dtype)
+    if fill_value != int(fill_value) or not info.min <= fill_value <= info.max:
+        return float("nan")
+    return float(fill_value)
