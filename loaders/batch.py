@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from .epoch import EpochTable
-from .kernels import cut_chunk
+from .kernels import cut_chunk, warm
 from .metrics import LoaderMetrics
 from .plan import COL, ROW, SCENE, EpochPlan, SampleTable
 from .products._base import nodata_mask
 from .reader import ChunkKey, ChunkReader
+from .shared import Delivery, worker_pool
 from .sources import ChunkSource
 from .spectral import Spectral
 
@@ -84,6 +86,7 @@ class BatchCutter:
         # per scene: the chunk bands the output takes, as the compiled cut wants them
         self._band_index = [np.arange(src.n_bands, dtype=np.int64) if b is None else np.ascontiguousarray(b, np.int64)
                             for src, b in zip(self.sources, self._bands, strict=True)]
+        warm(src.dtype for src in self.sources)
 
     def _affine(self, norm_params: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values
@@ -109,7 +112,9 @@ class BatchCutter:
         idx = plan.order[lo:hi]
         rows = table.rows[idx]
         n = idx.size
-        x = self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
+        # in a DataLoader worker the batch is cut into a reused shared-memory buffer (see .shared)
+        lease = worker_pool().take((n, self.n_bands, h, w)) if get_worker_info() is not None else None
+        x = lease.array if lease is not None else self._buffers.get((n, self.n_bands, h, w), np.dtype(np.float32))
         aux_out = {name: np.full((n, nb, h, w), np.nan, np.float32) for name, nb in zip(self.aux, self._aux_bands, strict=True)}
         t_wait = metrics.chunk_wait_s
         t0 = time.perf_counter()
@@ -130,15 +135,22 @@ class BatchCutter:
             x = proj.apply(x)
         if x.dtype != np.dtype(spectral.dtype):
             x = x.astype(spectral.dtype)
+        image = torch.from_numpy(x)
+        if lease is not None:
+            if x is lease.array:
+                image = lease.tensor
+            else:  # dropped samples, a projection or another dtype made a new array: the buffer goes back
+                lease.give_back()
+                lease = None
         label = self._batch_labels(table, idx, rows)
         metrics.add(samples=int(idx.size), bytes_used=used, dropped_samples=int((~keep).sum()), invalid_samples=invalid,
                     assemble_s=time.perf_counter() - t0 - (metrics.chunk_wait_s - t_wait))
         window = np.column_stack([rows[:, ROW], rows[:, COL], np.full(idx.size, h), np.full(idx.size, w)])
-        out = {"image": torch.from_numpy(x), "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
+        out = {"image": image, "label": label, "scene": [self.sources[int(s)].scene_id for s in scenes],
                "window": torch.from_numpy(window.astype(np.int64)), "weight": torch.from_numpy(et.weight[idx])}
         if aux_out:
             out["aux"] = {name: torch.from_numpy(a if sel.size == n else a[sel]) for name, a in aux_out.items()}
-        return out
+        return Delivery(out, lease) if lease is not None else out
 
     def _pieces(self, plan: EpochPlan, lo: int, rows: np.ndarray, chunks: list[tuple[int, int]],
                 size: tuple[int, int]) -> tuple[dict[ChunkKey, list[tuple[int, ...]]], np.ndarray]:

@@ -33,7 +33,7 @@ from .cache import DiskCache
 from .epoch import EpochTable, RegionBalance, TableBuilder
 from .metrics import LoaderMetrics
 from .normalise import normalisation
-from .plan import Edge, EpochPlan, PlanSpec, SampleTable, batch_count, plan_epoch
+from .plan import Edge, EpochPlan, NextUse, PlanSpec, SampleTable, batch_count, plan_epoch
 from .reader import ChunkReader, ReaderConfig
 from .samplers import (
     Curriculum,
@@ -355,6 +355,10 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         n = len(self.sources)
         return keys + [(n + s * na + k, c) for s, c in keys for k in range(na)]
 
+    def _due(self, keys: list[tuple[int, int]], due: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+        """``keys`` and the same chunks of their aux layers (:meth:`_with_aux`), with each one's first use."""
+        return self._with_aux(keys), due + [d for d in due for _ in range(len(self.aux))]
+
     def _get_reader(self, metrics: LoaderMetrics) -> ChunkReader:
         if self._reader is not None and self._reader.pid != os.getpid():
             self._reader = None  # forked into a DataLoader worker: the parent's threads did not come along
@@ -478,6 +482,11 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             next_req += 1
         while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < start:
             next_rel += 1
+        # chunks are prefetched only while room stays for the most chunks one batch first needs: a chunk
+        # prefetched too early is evicted before its use when the budget runs short
+        per_batch = np.bincount(plan.first_use // bs).max() if len(chunks) else 0
+        next_use = NextUse(plan)
+        reserve = int(per_batch) * max(s.chunk_nbytes for s in self.sources) * (1 + len(self.aux))
         t_start = time.perf_counter()
         busy = 0.0
         last_save = t_start
@@ -488,17 +497,20 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             # chunks are in first-use order: those before need_end serve this batch
             while need_end < len(chunks) and plan.first_use[need_end] < hi:
                 need_end += 1
-            reader.request(self._with_aux([chunks[k] for k in range(next_req, need_end) if plan.last_use[k] >= lo]))
+            needed = [k for k in range(next_req, need_end) if plan.last_use[k] >= lo]
+            reader.request(*self._due([chunks[k] for k in needed], [int(plan.first_use[k]) for k in needed]))
             next_req = max(next_req, need_end)
             # then keep up to `prefetch` chunks beyond them in flight or held (more when the adaptive reader
             # wants more requests in flight), as the budget allows
-            ahead: list[tuple[int, int]] = []
+            ahead: list[int] = []
             depth = max(self.prefetch, reader.chunks_ahead)
-            while next_req < len(chunks) and next_req - need_end < depth and reader.has_room(chunks[next_req]):
-                ahead.append(chunks[next_req])
+            while next_req < len(chunks) and next_req - need_end < depth and reader.has_room(chunks[next_req], reserve):
+                ahead.append(next_req)
                 next_req += 1
-            reader.request(self._with_aux(ahead))
+            reader.request(*self._due([chunks[k] for k in ahead], [int(plan.first_use[k]) for k in ahead]))
             batch = self._cutter.cut(plan, et, lo, hi, chunks, reader, metrics, self.spectral)
+            used = np.unique(plan.indices[plan.indptr[lo]:plan.indptr[hi]])
+            reader.set_due(*self._due([chunks[k] for k in used], next_use.after(used, hi).tolist()))
             while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
                 for key in self._with_aux([chunks[by_last[next_rel]]]):
                     reader.release(key)

@@ -12,12 +12,13 @@ and no second pass over the batch for scaling or masking.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numba
 import numpy as np
 
-__all__ = ["PIECE_FIELDS", "cut_chunk", "stored_fill"]
+__all__ = ["PIECE_FIELDS", "cut_chunk", "stored_fill", "warm"]
 
 # one row of ``pieces``: sample index in the batch, source rows [sy0, sy1) and cols [sx0, sx1) in the
 # chunk, and the destination's top-left (dy0, dx0) in the window
@@ -65,6 +66,8 @@ def cut_chunk(chunk: np.ndarray, bands: np.ndarray, out: np.ndarray, pieces: np.
 
     ``fill_value`` is compared in the chunk's type, as the chunk's nodata test on the decode threads does.
     """
+    if not chunk.flags.c_contiguous:  # one compiled layout: a strided chunk would compile another
+        chunk = np.ascontiguousarray(chunk)
     _cut(chunk, bands, out, pieces, gain, offset, check, stored_fill(fill_value, chunk.dtype), np.float32(fill), bad)
 
 
@@ -80,3 +83,15 @@ def stored_fill(fill_value: float | None, dtype: np.dtype[Any]) -> float:
     if fill_value != int(fill_value) or not info.min <= fill_value <= info.max:
         return float("nan")
     return float(fill_value)
+
+
+def warm(dtypes: Iterable[np.dtype[Any]]) -> None:
+    """Compile (or load from numba's cache) the cut for each stored type now, not inside the first batch.
+
+    Loading a cached kernel still initialises LLVM (0.5–1 s); done when a dataset is built, it is paid
+    once per process and inherited by forked DataLoader workers instead of stalling their first batch.
+    """
+    one = np.zeros((1, 1, 1, 1), np.float32)
+    for dt in {np.dtype(d).newbyteorder("=") for d in dtypes}:
+        cut_chunk(np.zeros((1, 1, 1), dt), np.zeros(1, np.int64), one, np.zeros((1, 7), np.int64),
+                  np.ones(1, np.float32), np.zeros(1, np.float32), None, False, 0.0, np.zeros(1, np.int64))

@@ -292,6 +292,28 @@ class EpochPlan:
 
 
 
+class NextUse:
+    """For each of a plan's chunks, the served positions that use it: the next use after a point, for the
+    reader's eviction (the chunk needed last goes first)."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        counts = np.diff(plan.indptr)
+        order = np.argsort(plan.indices, kind="stable")  # by chunk, each chunk's positions ascending
+        self._pos = np.repeat(np.arange(counts.size), counts)[order]
+        self._starts = np.searchsorted(plan.indices[order], np.arange(plan.chunks.shape[0] + 1))
+        self._end = counts.size
+
+    def after(self, chunks: np.ndarray, position: int) -> np.ndarray:
+        """The first position at or after ``position`` that uses each of ``chunks`` (past the end: none)."""
+        out = np.full(chunks.size, self._end, np.int64)
+        for i, k in enumerate(chunks.tolist()):
+            p = self._pos[self._starts[k]:self._starts[k + 1]]
+            j = int(np.searchsorted(p, position))
+            if j < p.size:
+                out[i] = p[j]
+        return out
+
+
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     """Batches ``samples`` make: the last partial one kept unless ``drop_last``."""
     return samples // batch_size if drop_last else -(-samples // batch_size)

@@ -137,6 +137,7 @@ class ChunkReader:
         self._lock = threading.Lock()
         self._mem: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()
         self._pinned: set[ChunkKey] = set()
+        self._due: dict[ChunkKey, int] = {}  # pinned chunks' next use in the epoch (see request)
         self._inflight: dict[ChunkKey, Future[np.ndarray]] = {}
         self._held = 0  # bytes of decoded chunks in _mem
         self._reserved = 0  # bytes of chunks in flight
@@ -155,6 +156,7 @@ class ChunkReader:
             self._decoded.clear()
             self._failed.clear()
             self._pinned.clear()
+            self._due.clear()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -166,27 +168,29 @@ class ChunkReader:
     def _nbytes(self, key: ChunkKey) -> int:
         return self.sources[key[0]].chunk_nbytes
 
-    def has_room(self, key: ChunkKey) -> bool:
-        """Whether prefetching ``key`` fits the budget (released chunks count as free)."""
+    def has_room(self, key: ChunkKey, reserve: int = 0) -> bool:
+        """Whether prefetching ``key`` fits the budget and leaves ``reserve`` bytes free (released chunks count
+        as free)."""
         with self._lock:
             # every chunk still needed counts, held or not: one evicted early will be decoded again
             pinned = sum(self._nbytes(k) for k in self._pinned if k not in self._inflight)
-            return pinned + self._reserved + self._nbytes(key) <= self.config.cache_bytes
+            return pinned + self._reserved + self._nbytes(key) + reserve <= self.config.cache_bytes
 
     def _evict(self) -> None:
-        """Drop released chunks (least recently used first), then needed ones if the budget demands."""
+        """Drop released chunks (least recently used first), then, if the budget demands, needed ones: the one
+        needed last first (Belady's rule, from the next uses the caller gives), else the least recently used."""
         budget = self.config.cache_bytes
         if self._held + self._reserved <= budget:
             return
-        for pinned_too in (False, True):
-            for k in list(self._mem):
-                if self._held + self._reserved <= budget:
-                    return
-                if pinned_too or k not in self._pinned:
-                    a = self._mem.pop(k)
-                    self._held -= a.nbytes
-                    if len(self._spare) < 4:
-                        self._spare.append(a)
+        released = [k for k in self._mem if k not in self._pinned]
+        pinned = sorted((k for k in self._mem if k in self._pinned), key=lambda k: -self._due.get(k, -1))
+        for k in released + pinned:
+            if self._held + self._reserved <= budget:
+                return
+            a = self._mem.pop(k)
+            self._held -= a.nbytes
+            if len(self._spare) < 4:
+                self._spare.append(a)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -197,12 +201,21 @@ class ChunkReader:
     def release(self, key: ChunkKey) -> None:
         with self._lock:
             self._pinned.discard(key)
+            self._due.pop(key, None)
             self._evict()
 
-    def request(self, keys: Sequence[ChunkKey]) -> None:
-        """Start loading whichever of ``keys`` are neither held nor in flight."""
+    def set_due(self, keys: Sequence[ChunkKey], due: Sequence[int]) -> None:
+        """Where in the epoch each of ``keys`` is needed next (see :meth:`request`)."""
+        with self._lock:
+            self._due.update(zip(keys, due, strict=True))
+
+    def request(self, keys: Sequence[ChunkKey], due: Sequence[int] | None = None) -> None:
+        """Start loading whichever of ``keys`` are neither held nor in flight. ``due``: for each key, the
+        position in the epoch where it is needed next; when the budget is short, the key due last goes first."""
         todo: list[ChunkKey] = []
         with self._lock:
+            if due is not None:
+                self._due.update(zip(keys, due, strict=True))
             for k in keys:
                 self._pinned.add(k)
                 if k in self._mem:
