@@ -10,11 +10,25 @@ Import order: ``schema`` <- ``geohash``, ``coverage`` <- ``query``, ``items`` <-
 
 from __future__ import annotations
 
-from .index import CatalogIndex, SearchHit
-from .items import collection_dict, collection_id, item_from_record
-from .lake import LakeCatalog, ReindexReport
-from .query import ParsedQuery, PropertyFilter, Query, parse_query
-from .validate import validate_stac
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .index import CatalogIndex, SearchHit
+    from .items import collection_dict, collection_id, item_from_record
+    from .lake import LakeCatalog, ReindexReport
+    from .query import ParsedQuery, PropertyFilter, Query, parse_query
+    from .validate import validate_stac
+
+#: Where each public name lives; a module is imported when one of its names is first used (so that
+#: ``cubelake catalog search`` does not import the offline schema validation, for one).
+_HOMES = {
+    "CatalogIndex": "index", "SearchHit": "index",
+    "collection_dict": "items", "collection_id": "items", "item_from_record": "items",
+    "LakeCatalog": "lake", "ReindexReport": "lake",
+    "ParsedQuery": "query", "PropertyFilter": "query", "Query": "query", "parse_query": "query",
+    "validate_stac": "validate",
+}
 
 __all__ = [
     "CatalogIndex",
@@ -30,3 +44,16 @@ __all__ = [
     "parse_query",
     "validate_stac",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -18,8 +18,20 @@ Import order (imports point one way; lower layers never import higher ones)::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .products import open_dataset
+if TYPE_CHECKING:
+    from .products import open_dataset
 
 __all__ = ["__version__", "open_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    """``cubelake.open_dataset`` is imported on first use: ``import cubelake.<anything>`` (the CLI) stays light."""
+    if name == "open_dataset":
+        from .products import open_dataset
+
+        return open_dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

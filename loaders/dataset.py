@@ -31,9 +31,10 @@ from . import geo
 from .batch import BatchCutter
 from .cache import DiskCache
 from .epoch import EpochTable, RegionBalance, TableBuilder
+from .feed import ChunkFeed
 from .metrics import LoaderMetrics
 from .normalise import normalisation
-from .plan import Edge, EpochPlan, NextUse, PlanSpec, SampleTable, batch_count, plan_epoch
+from .plan import Edge, EpochPlan, PlanSpec, SampleTable, batch_count, plan_epoch
 from .reader import ChunkReader, ReaderConfig
 from .samplers import (
     Curriculum,
@@ -347,18 +348,6 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
 
     # -- iteration ----------------------------------------------------------------------------------
 
-    def _with_aux(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """``keys`` and the same chunks of their scenes' aux layers."""
-        na = len(self.aux)
-        if not na:
-            return keys
-        n = len(self.sources)
-        return keys + [(n + s * na + k, c) for s, c in keys for k in range(na)]
-
-    def _due(self, keys: list[tuple[int, int]], due: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
-        """``keys`` and the same chunks of their aux layers (:meth:`_with_aux`), with each one's first use."""
-        return self._with_aux(keys), due + [d for d in due for _ in range(len(self.aux))]
-
     def _get_reader(self, metrics: LoaderMetrics) -> ChunkReader:
         if self._reader is not None and self._reader.pid != os.getpid():
             self._reader = None  # forked into a DataLoader worker: the parent's threads did not come along
@@ -472,21 +461,8 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
             metrics.region_samples_before, metrics.region_samples_after = int(et.regions[1].sum()), int(et.regions[2].sum())
         bs = self.plan_spec.batch_size
         n = len(plan) if not self.plan_spec.drop_last else nbatches[wid] * bs
-        chunks = [(int(s), int(c)) for s, c in plan.chunks]
-        by_last = np.argsort(plan.last_use, kind="stable")
-        next_req = need_end = 0
-        next_rel = 0
-        start = skip * bs
-        # chunks only the skipped samples needed are never loaded
-        while next_req < len(chunks) and plan.last_use[next_req] < start:
-            next_req += 1
-        while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < start:
-            next_rel += 1
-        # chunks are prefetched only while room stays for the most chunks one batch first needs: a chunk
-        # prefetched too early is evicted before its use when the budget runs short
-        per_batch = np.bincount(plan.first_use // bs).max() if len(chunks) else 0
-        next_use = NextUse(plan)
-        reserve = int(per_batch) * max(s.chunk_nbytes for s in self.sources) * (1 + len(self.aux))
+        feed = ChunkFeed(plan, bs, skip * bs, max(s.chunk_nbytes for s in self.sources), len(self.sources),
+                         len(self.aux))
         t_start = time.perf_counter()
         busy = 0.0
         last_save = t_start
@@ -494,27 +470,10 @@ class CubeDataset(IterableDataset[dict[str, Any]]):
         for b in range(skip, nbatches[wid]):
             t0 = time.perf_counter()
             lo, hi = b * bs, min((b + 1) * bs, n)
-            # chunks are in first-use order: those before need_end serve this batch
-            while need_end < len(chunks) and plan.first_use[need_end] < hi:
-                need_end += 1
-            needed = [k for k in range(next_req, need_end) if plan.last_use[k] >= lo]
-            reader.request(*self._due([chunks[k] for k in needed], [int(plan.first_use[k]) for k in needed]))
-            next_req = max(next_req, need_end)
-            # then keep up to `prefetch` chunks beyond them in flight or held (more when the adaptive reader
-            # wants more requests in flight), as the budget allows
-            ahead: list[int] = []
-            depth = max(self.prefetch, reader.chunks_ahead)
-            while next_req < len(chunks) and next_req - need_end < depth and reader.has_room(chunks[next_req], reserve):
-                ahead.append(next_req)
-                next_req += 1
-            reader.request(*self._due([chunks[k] for k in ahead], [int(plan.first_use[k]) for k in ahead]))
-            batch = self._cutter.cut(plan, et, lo, hi, chunks, reader, metrics, self.spectral)
-            used = np.unique(plan.indices[plan.indptr[lo]:plan.indptr[hi]])
-            reader.set_due(*self._due([chunks[k] for k in used], next_use.after(used, hi).tolist()))
-            while next_rel < len(by_last) and plan.last_use[by_last[next_rel]] < hi:
-                for key in self._with_aux([chunks[by_last[next_rel]]]):
-                    reader.release(key)
-                next_rel += 1
+            # the batch's chunks, then up to `prefetch` beyond them (more when the adaptive reader wants more in flight)
+            feed.before(lo, hi, reader, max(self.prefetch, reader.chunks_ahead))
+            batch = self._cutter.cut(plan, et, lo, hi, feed.chunks, reader, metrics, self.spectral)
+            feed.after(lo, hi, reader)
             batch.update(epoch=epoch, cursor=_delivery_position(nbatches, wid, b), worker=wid, num_workers=nw, world_size=world)
             metrics.batches += 1
             now = time.perf_counter()

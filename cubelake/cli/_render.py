@@ -14,9 +14,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["QUIET", "STATE", "VERBOSE", "clean", "configure_output", "err_console", "escape", "fail", "out_console",
            "print_json", "progress_bars", "show"]
@@ -38,6 +36,8 @@ def configure_output(verbose: int, quiet: bool) -> None:
     """Log level and progress bars for this run (the library logs; the CLI decides what shows)."""
     if not verbose and not quiet and logging.getLogger().handlers:
         return  # a subcommand without -v/-q keeps what the global options set
+    from rich.logging import RichHandler  # here, not at the top: start-up time
+
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(
         level=level,
@@ -156,6 +156,8 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[Any], None]]:
 
 @contextmanager
 def _bars(console: Console, check: Callable[[], None]) -> Iterator[Callable[[Any], None]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,

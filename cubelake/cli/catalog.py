@@ -5,18 +5,14 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
-from shapely.geometry.base import BaseGeometry
 
-from cubelake.catalog.index import SearchHit
-from cubelake.catalog.lake import LakeCatalog
-from cubelake.catalog.query import parse_intersects
 from cubelake.errors import CatalogQueryError, CubelakeError
 
 from ._render import (
@@ -29,6 +25,12 @@ from ._render import (
     print_json,
     show,
 )
+
+if TYPE_CHECKING:  # the library is imported by the command bodies: ``--help`` stays quick
+    from shapely.geometry.base import BaseGeometry
+
+    from cubelake.catalog.index import SearchHit
+    from cubelake.catalog.lake import LakeCatalog
 
 catalog_app = typer.Typer(help="The lake's STAC catalog: search by space, time, wavelength and properties.",
                           no_args_is_help=True)
@@ -59,6 +61,8 @@ def _fail(exc: CubelakeError) -> typer.Exit:
 
 
 def _open(lake: str) -> LakeCatalog:
+    from cubelake.catalog.lake import LakeCatalog
+
     try:
         return LakeCatalog(lake)
     except CubelakeError as exc:
@@ -69,6 +73,8 @@ def _intersects(value: str | None) -> BaseGeometry | None:
     """The --intersects geometry: GeoJSON text, or a file holding a geometry, Feature or FeatureCollection."""
     if value is None:
         return None
+    from cubelake.catalog.query import parse_intersects
+
     if value.lstrip().startswith("{"):
         return parse_intersects(value, "--intersects")
     path = Path(value)
@@ -114,6 +120,8 @@ def _table(hits: list[SearchHit]) -> Table:
 def _print_table(hits: list[SearchHit]) -> None:
     """The table at its own width, on a terminal too: no cell is ever cut, folded or dropped (a narrow
     terminal wraps whole lines; a pipe, a file or CI gets one line per item)."""
+    from rich.measure import Measurement
+
     table = _table(hits)
     wide = Console(file=sys.stdout, highlight=False, width=100_000)
     out = Console(file=sys.stdout, highlight=False, soft_wrap=True,

@@ -11,7 +11,6 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -73,6 +72,8 @@ def _query(bbox: str | None, intersects: str | None, datetime: str | None, colle
 @contextmanager
 def _progress() -> Iterator[Callable[[int, int], None] | None]:
     """A bar of output blocks on stderr when it is a terminal (and not -q)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = err_console()
     if STATE.quiet or not console.is_terminal:
         yield None

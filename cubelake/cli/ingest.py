@@ -5,26 +5,12 @@ from __future__ import annotations
 import dataclasses
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from cubelake.errors import CubelakeError
-from cubelake.ingest import (
-    PRODUCTS,
-    AuxSpec,
-    IngestOptions,
-    IngestResult,
-    Limits,
-    Outcome,
-    SourceOptions,
-    ValidationReport,
-    iter_ingest,
-    iter_validate,
-    load_profile,
-)
-from cubelake.ingest.align import AuxError, aux_candidates, parse_aux_arg, parse_time_delta
-from cubelake.lake import open_lake, safe_scene_id
 
 from ._render import (
     QUIET,
@@ -38,6 +24,16 @@ from ._render import (
     progress_bars,
     show,
 )
+
+if TYPE_CHECKING:  # the library is imported by the command bodies: ``--help`` stays quick
+    from cubelake.ingest import (
+        AuxSpec,
+        IngestOptions,
+        IngestResult,
+        Limits,
+        Outcome,
+        ValidationReport,
+    )
 
 __all__ = ["INTERRUPTED", "STATE", "err_console", "ingest_cmd", "validate_cmd"]
 
@@ -65,6 +61,8 @@ def _parse_size(text: str) -> int:
 
 
 def _limits(max_bytes: str | None, max_dimension: int | None, max_bands: int | None) -> Limits:
+    from cubelake.ingest import Limits
+
     base = Limits()
     for value, name in ((max_dimension, "--max-dimension"), (max_bands, "--max-bands")):
         if value is not None and value < 1:
@@ -76,6 +74,8 @@ def _limits(max_bytes: str | None, max_dimension: int | None, max_bands: int | N
 def _options(profile: str, products: str, chunk: int | None, shard: int | None, workers: int | None,
              limits: Limits, variable: str | None, axes: str | None, force: bool,
              refs_format: str = "auto", wavelength_variable: str | None = None) -> IngestOptions:
+    from cubelake.ingest import PRODUCTS, IngestOptions, SourceOptions, load_profile
+
     try:
         prof = None if profile == "auto" else load_profile(profile)
     except CubelakeError as exc:
@@ -102,6 +102,8 @@ def _options(profile: str, products: str, chunk: int | None, shard: int | None, 
 
 def _aux_specs(values: list[str], max_time_delta: str | None) -> tuple[AuxSpec, ...]:
     """The ``--aux NAME=PATH[:RESAMPLING][:KIND]`` options as specs: syntax, names and paths checked."""
+    from cubelake.ingest.align import AuxError, aux_candidates, parse_aux_arg, parse_time_delta
+
     try:
         delta = parse_time_delta(max_time_delta) if max_time_delta is not None else None
     except ValueError as exc:
@@ -131,13 +133,18 @@ def _print_issues(console: Console, report: ValidationReport) -> None:
         console.print(f"    [yellow]warning[/yellow]: {i.code.value}: {show(i.message)}")
 
 
-_MARK = {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
-         Outcome.REJECTED: "[red]rejected [/red]", Outcome.FAILED: "[red]failed   [/red]"}
+def _mark(outcome: Outcome) -> str:
+    from cubelake.ingest import Outcome
+
+    return {Outcome.INGESTED: "[green]ingested [/green]", Outcome.UNCHANGED: "[cyan]unchanged[/cyan]",
+            Outcome.REJECTED: "[red]rejected [/red]", Outcome.FAILED: "[red]failed   [/red]"}[outcome]
 
 
 def _render_result(out: Console, r: IngestResult) -> None:
     """One scene's outcome, printed as soon as it is known (also in CI logs, without a terminal)."""
-    out.print(f"{_MARK[r.outcome]} {show(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
+    from cubelake.ingest import Outcome
+
+    out.print(f"{_mark(r.outcome)} {show(r.path)}  [dim]({r.seconds:.1f} s)[/dim]")
     out.print(f"    {show(r.message)}")
     if r.outcome is not Outcome.UNCHANGED:
         _print_issues(out, r.report)
@@ -160,6 +167,8 @@ def _render_report(out: Console, r: ValidationReport) -> None:
 
 
 def _render_summary(out: Console, results: list[IngestResult]) -> None:
+    from cubelake.ingest import Outcome
+
     counts = {o: sum(r.outcome is o for r in results) for o in Outcome}
     out.print(
         f"\n{len(results)} scene(s): {counts[Outcome.INGESTED]} ingested, {counts[Outcome.UNCHANGED]} unchanged, "
@@ -207,6 +216,9 @@ def ingest_cmd(
     quiet: bool = QUIET,
 ) -> None:
     """Validate, calibrate and convert scenes into the lake (COG, Zarr v3 and/or kerchunk references)."""
+    from cubelake.ingest import Outcome, iter_ingest
+    from cubelake.lake import open_lake
+
     configure_output(verbose, quiet)
     opts = _options(profile, products, chunk, shard, workers, _limits(max_bytes, max_dimension, max_bands), variable,
                     axes, force, refs_format, wavelength_variable)
@@ -252,6 +264,9 @@ def validate_cmd(
     quiet: bool = QUIET,
 ) -> None:
     """Run every check (every block is decoded) without writing any product."""
+    from cubelake.ingest import iter_validate
+    from cubelake.lake import safe_scene_id
+
     configure_output(verbose, quiet)
     opts = _options(profile, "cog", chunk, None, None, _limits(max_bytes, max_dimension, max_bands), variable, axes,
                     False, wavelength_variable=wavelength_variable)

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cubelake.errors import ConfigError, CubelakeError
-from cubelake.lake import open_lake
 
 from ._render import (
     QUIET,
@@ -51,6 +49,8 @@ _MARK = {"ingested": "[green]ingested [/green]", "unchanged": "[cyan]unchanged[/
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Any]:
     """The run's event callback: a progress bar on a terminal, one line per finished input always (text)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from cubelake.jobs import JobEvent
 
     out = out_console()
@@ -173,6 +173,7 @@ def run_cmd(
 def _due_manifests(folder: Path, fmt: OutputFormat) -> tuple[list[Path], list[dict[str, Any]], list[int]]:
     """The due manifests of ``folder``; reports and exit codes of those that cannot be read."""
     from cubelake.jobs import Ledger, is_due, load_manifest, manifest_files
+    from cubelake.lake import open_lake
 
     if not folder.is_dir():
         raise typer.BadParameter(f"{folder}: not a folder of manifests", param_hint="--due")
@@ -200,6 +201,7 @@ def _due_manifests(folder: Path, fmt: OutputFormat) -> tuple[list[Path], list[di
 
 def _job_and_lake(target: str | None, lake: str | None, job: str | None) -> tuple[Any, str]:
     from cubelake.jobs import load_manifest
+    from cubelake.lake import open_lake
 
     if target is not None:
         try:
@@ -275,6 +277,7 @@ def list_cmd(
 ) -> None:
     """Every job of the lake with its latest run: state, when, how long, counts."""
     from cubelake.jobs import Ledger
+    from cubelake.lake import open_lake
 
     configure_output(verbose, quiet)
     try:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from cubelake.errors import CubelakeError
-from cubelake.lake import AnyLake, open_lake
-from cubelake.record import SceneRecord
 from cubelake.storage import StorageError
 
 from ._render import (
@@ -24,6 +22,10 @@ from ._render import (
 )
 from .ingest import OutputFormat
 
+if TYPE_CHECKING:  # the library is imported by the command bodies: ``--help`` stays quick
+    from cubelake.lake import AnyLake
+    from cubelake.record import SceneRecord
+
 lake_app = typer.Typer(help="What a lake holds; gc and copy.", invoke_without_command=True, no_args_is_help=False)
 
 LAKE_OPT = typer.Option("lake", "--lake", "-l", help="Lake folder or object-store URL (s3://bucket/prefix).",
@@ -31,6 +33,8 @@ LAKE_OPT = typer.Option("lake", "--lake", "-l", help="Lake folder or object-stor
 
 
 def _open(lake: str) -> AnyLake:
+    from cubelake.lake import open_lake
+
     try:
         return open_lake(lake, create=False)
     except CubelakeError as exc:

@@ -6,21 +6,25 @@ import json
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from cubelake.errors import ConfigError, LinkEmulatorError
-from cubelake.linkemu import FaultSpec, LinkEmulator, LinkSpec, LinkStats, parse_rate_mbps
 
 from ._render import QUIET, VERBOSE, configure_output, err_console, out_console, show
 from .ingest import OutputFormat
+
+if TYPE_CHECKING:  # the library is imported by the command bodies: ``--help`` stays quick
+    from cubelake.linkemu import FaultSpec, LinkSpec, LinkStats
 
 link_app = typer.Typer(help="Emulated network links: bandwidth, latency and S3 faults in front of an endpoint.",
                        no_args_is_help=True)
 
 
 def _link(preset: str, ttfb_ms: float | None, jitter_ms: float, cap_uploads: bool) -> LinkSpec:
+    from cubelake.linkemu import LinkSpec, parse_rate_mbps
+
     try:
         parse_rate_mbps(preset)
     except ConfigError as exc:
@@ -32,6 +36,8 @@ def _link(preset: str, ttfb_ms: float | None, jitter_ms: float, cap_uploads: boo
 
 
 def _faults(rate: float, kinds: str, methods: str, retry_after_s: int, stall_s: float) -> FaultSpec:
+    from cubelake.linkemu import FaultSpec
+
     scope = {"get": "GET", "all": "all"}.get(methods.strip().lower())
     if scope is None:
         raise typer.BadParameter(f"{methods!r}: use get (faults on reads only) or all", param_hint="--fault-methods")
@@ -100,6 +106,8 @@ def emulate_cmd(
     quiet: bool = QUIET,
 ) -> None:
     """Serve an emulated link until Ctrl-C; point S3 clients at the endpoint it prints (AWS_ENDPOINT_URL)."""
+    from cubelake.linkemu import LinkEmulator
+
     configure_output(verbose, quiet)
     link = _link(preset, ttfb_ms, jitter_ms, cap_uploads)
     fault_spec = _faults(fault_rate, faults, fault_methods, retry_after_s, stall_s)

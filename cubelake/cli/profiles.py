@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from cubelake.ingest import builtin_profiles, load_profile
-
 from ._render import out_console, print_json, show
 from .ingest import OutputFormat
 
@@ -14,6 +12,8 @@ def profiles_cmd(
     fmt: OutputFormat = typer.Option(OutputFormat.text, "--format", help="text or json."),
 ) -> None:
     """List the bundled sensor profiles (use a name with --profile, or copy a file to adapt it)."""
+    from cubelake.ingest.profile import builtin_profiles, load_profile
+
     rows = []
     for name, path in builtin_profiles().items():
         p = load_profile(path)
