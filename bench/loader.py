@@ -79,8 +79,9 @@ sys.path.insert(0, str(HERE))  # the sibling helper modules
 from common import isolated, lo_rx  # noqa: E402
 from synth import ensure_scene as ensure_synth_scene  # noqa: E402
 
-CHUNK = 256
-WIN = 32
+# the geometry: chunk side and window side (= stride); main() sets them from --chunk/--window and passes them to the
+# processes it spawns through the environment
+CHUNK, WIN = (int(v) for v in os.environ.get("CUBELAKE_BENCH_LOADER_GEOMETRY", "256,32").split(","))
 BATCH = 64
 MB = 1e6
 MiB = 1024**2
@@ -137,7 +138,7 @@ def code_version() -> dict[str, Any]:
 
 
 def ensure_lake(work: Path, side: int, bands: int, reuse: bool) -> dict[str, Path]:
-    lake = work / f"lake_{side}x{side}x{bands}"
+    lake = work / (f"lake_{side}x{side}x{bands}" + ("" if CHUNK == 256 else f"_c{CHUNK}"))
     found = scene_paths(lake)
     if reuse and found is not None:
         print(f"reusing {found['scene']}", flush=True)
@@ -329,6 +330,55 @@ def make_consumer(ms: float) -> tuple[Any, float]:
     return work, statistics.median(times) * 1000
 
 
+def run_ceiling(zarr_path: str, repeats: int = 3) -> dict[str, Any]:
+    """The machine's ceiling for an epoch that covers the scene once: zarr-python decoding the whole array and
+    numpy casting it to float32, two ways (best of ``repeats`` each):
+
+    * ``whole``: ``a[...]`` (zarr's own concurrent decode of every chunk), then ``.astype(float32)`` into a new
+      array — what the issue names;
+    * ``chunkwise``: each chunk read with ``a[:, y0:y1, x0:x1]`` and cast into one reused float32 buffer (no
+      page faults for a fresh 2× larger array);
+    * ``chunkwise2``: the same on 2 threads (one buffer each), chunks split between them — both cores busy.
+
+    A sliding epoch at stride = window over a scene the windows tile reads exactly these pixels, so
+    ``windows / seconds`` is the rate a loader that decodes and casts and does nothing else would reach."""
+    import zarr
+
+    arr = zarr.open_group(zarr_path, mode="r")["data"]
+    bands, height, width = arr.shape
+    cy, cx = arr.chunks[1], arr.chunks[2]
+    out: dict[str, Any] = {"windows": (height // WIN) * (width // WIN)}
+    whole, chunkwise, chunkwise2 = [], [], []
+    origins = [(r, c) for r in range(0, height, cy) for c in range(0, width, cx)]
+
+    def cast_chunks(part: list[tuple[int, int]]) -> None:
+        buf = np.empty((bands, cy, cx), np.float32)
+        for r, c in part:
+            np.copyto(buf, arr[:, r:r + cy, c:c + cx], casting="unsafe")
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(2)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x = arr[...]
+        y = x.astype(np.float32)
+        whole.append(time.perf_counter() - t0)
+        del x, y
+        t0 = time.perf_counter()
+        cast_chunks(origins)
+        chunkwise.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        list(pool.map(cast_chunks, [origins[0::2], origins[1::2]]))
+        chunkwise2.append(time.perf_counter() - t0)
+    pool.shutdown()
+    out.update(whole_s=min(whole), chunkwise_s=min(chunkwise), chunkwise2_s=min(chunkwise2), whole_all=whole,
+               chunkwise_all=chunkwise, chunkwise2_all=chunkwise2)
+    out["seconds"] = min(out["whole_s"], out["chunkwise_s"], out["chunkwise2_s"])  # the fastest way is the ceiling
+    out["samples_per_s"] = out["windows"] / out["seconds"]
+    return out
+
+
 def run_cubelake(product: str, mode: str, count: int, seed: int, cache_bytes: int, threads: int, workers: int,
                  prefetch: int, epochs: int = 1, storage_options: dict[str, Any] | None = None,
                  consumer_ms: float = 0.0) -> dict[str, Any]:
@@ -470,6 +520,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="use the lake in --workdir as it is (no new ingest)")
     ap.add_argument("--size", type=int, default=2048, help="scene side in pixels (multiple of 256)")
     ap.add_argument("--bands", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=256, help="chunk side of the lake's products (pixels)")
+    ap.add_argument("--window", type=int, default=32, help="window side = sliding stride (pixels)")
     ap.add_argument("--cache-mib", type=int, default=None,
                     help="decoded-data budget in MiB, shared by all processes of a method (cubelake cache_bytes, "
                          "GDAL_CACHEMAX; default 512)")
@@ -480,11 +532,15 @@ def main() -> None:
     ap.add_argument("--consumer-ms", default="50,150", help="consumer compute per batch for the stall runs (ms, list)")
     ap.add_argument("--s3-samples", type=int, default=256, help="rasterio /vsis3/ samples (time-limited too)")
     ap.add_argument("--s3-seconds", type=float, default=90.0)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: sliding, random, stall, s3")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated parts to skip: sliding, random, stall, s3, baselines, ceiling")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     skip = {s for s in a.skip.split(",") if s}
+    global CHUNK, WIN
+    CHUNK, WIN = a.chunk, a.window
+    os.environ["CUBELAKE_BENCH_LOADER_GEOMETRY"] = f"{CHUNK},{WIN}"  # the spawned runs see the same geometry
     if a.size % CHUNK:
         ap.error(f"--size must be a multiple of {CHUNK}")
     t_start = time.perf_counter()
@@ -494,6 +550,8 @@ def main() -> None:
     cache = (a.cache_mib or 512) * MiB
     cache_mb = cache // MiB
     raw_per_sample = a.bands * WIN * WIN * 2
+    if a.size % WIN:
+        ap.error(f"--size must be a multiple of --window ({WIN}) so the sliding epoch tiles the scene once")
 
     paths = ensure_lake(work, a.size, a.bands, a.reuse)
     cog_bytes, zarr_bytes = tree_bytes(paths["cog"]), tree_bytes(paths["zarr"])
@@ -529,6 +587,8 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
 
     def baseline(mode: str, kind: str, windows: np.ndarray, label: str, **kw: Any) -> None:
+        if "baselines" in skip:
+            return
         limit = a.baseline_samples or len(windows)
         order = windows[rng.permutation(len(windows))]
         path = str(paths["cog"] if kind == "rasterio" else paths["zarr"])
@@ -559,10 +619,18 @@ def main() -> None:
         results[key] = {**r, **row, "summary": summarise(row, raw_per_sample=raw_per_sample), "label": label}
         return results[key]
 
+    if "ceiling" not in skip:
+        print("\nceiling: zarr-python decode + float32 cast of the whole array ...", flush=True)
+        doc["ceiling"] = isolated(run_ceiling, zarr_path=str(paths["zarr"]))
+        c = doc["ceiling"]
+        print(f"  whole a[...] + astype: {c['whole_s']:.3f} s; chunk by chunk into a reused buffer: {c['chunkwise_s']:.3f} s"
+              f" (1 thread), {c['chunkwise2_s']:.3f} s (2 threads) -> ceiling {c['samples_per_s']:.0f} windows/s "
+              f"({c['windows']} windows of {WIN} px)", flush=True)
+
     for mode, windows in (("sliding", sliding), ("random", random_w)):
         if mode in skip:
             continue
-        print(f"\n{mode} windows: {len(windows)} ({'every window at stride 32' if mode == 'sliding' else 'random positions'})",
+        print(f"\n{mode} windows: {len(windows)} ({'every window at stride ' + str(WIN) + '' if mode == 'sliding' else 'random positions'})",
               flush=True)
         cubelake(mode, len(windows), 0, "(d) cubelake CubeDataset, in-process", f"{mode}/cubelake")
         cubelake(mode, len(windows), 2, "(d) cubelake CubeDataset, DataLoader 2 workers", f"{mode}/cubelake_w2", epochs=2)
@@ -633,11 +701,20 @@ def main() -> None:
                 b = results.get(f"{mode}/{base}")
                 if b is not None and b["summary"]["samples_per_s"] > 0:
                     ratios[f"{mode}: {cl} / {base}"] = c["summary"]["samples_per_s"] / b["summary"]["samples_per_s"]
+    ceil = doc.get("ceiling")
+    for key, label in (("sliding/cubelake", "sliding: cubelake in-process / ceiling"),
+                       ("sliding/cubelake_w2", "sliding: cubelake 2 workers / ceiling")):
+        if ceil is not None and key in results:
+            ratios[label] = results[key]["summary"]["samples_per_s"] / ceil["samples_per_s"]
+    for mode in ("sliding", "random"):
+        c0, c2 = results.get(f"{mode}/cubelake"), results.get(f"{mode}/cubelake_w2")
+        if c0 is not None and c2 is not None:
+            ratios[f"{mode}: cubelake 2 workers / in-process"] = c2["summary"]["samples_per_s"] / c0["summary"]["samples_per_s"]
     doc["ratios"] = ratios
     if ratios:
-        print("\nspeed ratios (samples/s of cubelake / samples/s of the baseline)")
+        print("\nratios (samples/s)")
         for k, v in ratios.items():
-            print(f"  {k:<40} {v:8.1f}x")
+            print(f"  {k:<40} {v:8.2f}x")
     if doc.get("stall"):
         print("\nstall (sliding epoch; decode = chunk decode thread time per batch; assemble = cutting windows into the batch)")
         print(f"{'T_c ms':>8}{'workers':>9}{'stall':>8}{'decode ms/batch':>17}{'assemble ms/batch':>19}{'samples/s':>11}")
