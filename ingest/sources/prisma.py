@@ -164,7 +164,7 @@ def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> LockedSour
     meta = SceneMetadata(
         path=str(path), files=(str(path),), format=f"PRISMA-{level}", count=len(gains), height=height, width=width,
         dtype=np.result_type(*(d.cube.dtype for d in dets)).name, crs_epsg=crs_epsg,
-        crs_wkt=_wkt(crs_epsg), transform=transform,  # type: ignore[arg-type]
+        crs_wkt=_wkt(crs_epsg, path), transform=transform,  # type: ignore[arg-type]
         bands=_bands(dets), block_shape=(chunks[0], chunks[2]) if chunks else (height, width), interleave="bil",
         datetime=iso_utc(attr_text(h5, "Product_StartTime", str(path), product=_PRODUCT, required=False),
                          "Product_StartTime"),
@@ -174,7 +174,7 @@ def open_prisma(path: str | os.PathLike[str], h5: Any, level: str) -> LockedSour
     return LockedSource(meta, _reader(dets), h5.close)
 
 
-def _wkt(epsg: int | None) -> str | None:
+def _wkt(epsg: int | None, path: str | os.PathLike[str]) -> str | None:
     if epsg is None:
         return None
     from pyproj import CRS
@@ -183,4 +183,5 @@ def _wkt(epsg: int | None) -> str | None:
     try:
         return str(CRS.from_epsg(epsg).to_wkt())
     except CRSError as exc:
-        raise SceneReadError(f"Epsg_Code {epsg} is not a CRS pyproj knows ({exc})") from exc
+        raise SceneReadError(f"{path}: Epsg_Code {epsg} is not a CRS pyproj knows ({exc}); the product's "
+                             "georeferencing is damaged: get a fresh copy from the provider") from exc

@@ -125,3 +125,14 @@ def test_truncated_product_is_refused(tmp_path: Path) -> None:
     p.path.write_bytes(data[: len(data) // 3])
     with pytest.raises(SceneReadError, match=f"{NAME}: not a readable HDF5 file"):
         _open(p.path)
+
+
+def test_an_unknown_epsg_code_names_the_file(tmp_path: Path) -> None:
+    import h5py
+
+    p = write_prisma(tmp_path / NAME)
+    with h5py.File(p.path, "r+") as f:
+        f.attrs["Epsg_Code"] = np.int32(999999)
+    with pytest.raises(SceneReadError, match="Epsg_Code 999999 is not a CRS pyproj knows") as info:
+        _open(p.path)
+    assert str(info.value).startswith(str(p.path))
