@@ -78,25 +78,33 @@ class TimedIter:
     def __init__(self, it: Iterator[dict[str, Any]]) -> None:
         self.it = it
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # this process's CPU time in generation (the machine may be shared)
         self.count = 0
 
     def __iter__(self) -> TimedIter:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             item = next(self.it)
         finally:
             self.seconds += time.perf_counter() - t
+            self.cpu_seconds += time.process_time() - c
         self.count += 1
         return item
 
 
-def _rates(n: int, wall: float, gen: float) -> dict[str, float]:
-    return {"wall_s": wall, "generation_s": gen, "net_s": wall - gen,
-            "items_per_s": n / (wall - gen) if wall > gen else float("nan"),
-            "items_per_s_incl_generation": n / wall}
+def _rates(n: int, wall: float, gen: float, cpu: float | None = None, gen_cpu: float | None = None) -> dict[str, float]:
+    """Items/s net of generation; with ``cpu``/``gen_cpu`` (process CPU seconds) also per CPU second,
+    which other work on a shared machine does not dilute."""
+    out = {"wall_s": wall, "generation_s": gen, "net_s": wall - gen,
+           "items_per_s": n / (wall - gen) if wall > gen else float("nan"),
+           "items_per_s_incl_generation": n / wall}
+    if cpu is not None and gen_cpu is not None:
+        out |= {"cpu_s": cpu, "generation_cpu_s": gen_cpu, "net_cpu_s": cpu - gen_cpu,
+                "items_per_cpu_s": n / (cpu - gen_cpu) if cpu > gen_cpu else float("nan")}
+    return out
 
 
 def _db_bytes(db: Path) -> int:
@@ -113,9 +121,9 @@ def build_index(db: Path, n: int, seed: int, time_ordered: bool, batch_size: int
     _remove_db(db)
     gen = TimedIter(synthetic_items(n, seed, time_ordered=time_ordered))
     idx = CatalogIndex(db)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     count = idx.insert_items(gen, batch_size=batch_size)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     idx.analyze()
     t2 = time.perf_counter()
     idx.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -123,7 +131,7 @@ def build_index(db: Path, n: int, seed: int, time_ordered: bool, batch_size: int
     idx.close()
     if count != n or indexed != n:
         raise SystemExit(f"cubelake indexed {count} items ({indexed} in the index), expected {n}")
-    return {"insert": _rates(n, t1 - t0, gen.seconds), "analyze_s": t2 - t1,
+    return {"insert": _rates(n, t1 - t0, gen.seconds, c1 - c0, gen.cpu_seconds), "analyze_s": t2 - t1,
             "build_items_per_s": n / (t2 - t0 - gen.seconds), "batch_size": batch_size,
             "bytes": _db_bytes(db)}
 
@@ -306,7 +314,8 @@ def main() -> None:
     t_start = time.perf_counter()
     doc: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                            "args": {k: str(v) for k, v in vars(a).items()}, "items": n, "n_queries": a.queries,
-                           "target_hits": a.target_hits, "cubelake": {}, "baseline": {}}
+                           "target_hits": a.target_hits, "cubelake": {}, "baseline": {},
+                           "load_average_start": os.getloadavg()}
 
     queries = make_queries(a.queries, a.seed, n_items=n, target_hits=a.target_hits)
     doc["coverage_rule_checks"] = check_coverage_rule(queries)
@@ -319,7 +328,8 @@ def main() -> None:
         doc["cubelake"]["build"] = build_index(db, n, a.seed, time_ordered, a.batch_size)
         b = doc["cubelake"]["build"]
         print(f"  {b['insert']['items_per_s']:,.0f} items/s ({b['insert']['net_s']:.1f} s + analyze "
-              f"{b['analyze_s']:.1f} s; generating the items took {b['insert']['generation_s']:.1f} s more)")
+              f"{b['analyze_s']:.1f} s; generating the items took {b['insert']['generation_s']:.1f} s more); "
+              f"{b['insert']['items_per_cpu_s']:,.0f} items per CPU second")
     doc["cubelake"]["bytes"] = _db_bytes(db)
     if a.reuse and parquet.exists():
         print(f"reusing {parquet}")
@@ -357,6 +367,7 @@ def main() -> None:
                        "cubelake_hits": len(cl_ids[i]), "baseline_hits": len(bl_ids[i])}
                       for i, q in enumerate(queries)]
     doc["total_s"] = time.perf_counter() - t_start
+    doc["load_average_end"] = os.getloadavg()  # 1, 5, 15 min: the machine is shared
     import stac_geoparquet
 
     doc["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -365,7 +376,9 @@ def main() -> None:
                                    "stac_geoparquet": stac_geoparquet.__version__, "shapely": shapely.__version__,
                                    "numpy": np.__version__}}
     print_summary(doc)
-    print(f"total {doc['total_s']:.0f} s")
+    print(f"total {doc['total_s']:.0f} s; load average (1, 5, 15 min) at the start "
+          f"{', '.join(f'{v:.2f}' for v in doc['load_average_start'])}, at the end "
+          f"{', '.join(f'{v:.2f}' for v in doc['load_average_end'])}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")

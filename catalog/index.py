@@ -1,11 +1,11 @@
 """The catalog's SQLite index: derived from the item JSON, rebuilt by ``cubelake catalog reindex``.
 
-Tables (``SCHEMA_VERSION`` 5):
+Tables (``SCHEMA_VERSION`` 6):
 
 - ``items``: one row per item: id, collection, time interval as UTC epoch seconds (``NULL``
   when the acquisition time is unknown, so no datetime filter matches it), bbox, footprint
-  WKB, band count, item href, the properties JSON (without the calibration and geohash cover;
-  the bands, on the item's data assets in STAC 1.1, are in ``bands``),
+  WKB, band count, its band set, item href, the properties JSON (without the calibration and
+  geohash cover; the bands, on the item's data assets in STAC 1.1, are in ``band_sets``),
   and promoted property columns (``eo:cloud_cover``, ``cubelake:quality``, ``gsd``,
   ``platform``) with their own indexes.
 - ``items_rtree``: a 3-D R*Tree of (longitude, latitude, time) boxes, so a bbox + datetime
@@ -15,22 +15,29 @@ Tables (``SCHEMA_VERSION`` 5):
   time axis (3e8 for a decade) outweighs degrees (360) so badly that leaves end up a few hours
   thin and world-wide; a bbox + datetime search then visits thousands of nodes (6.7 ms against
   0.2 ms in 10-day units, 1M items, ``bench/catalog.py`` queries). R*Tree coordinates are 32-bit
-  floats rounded outwards: a prefilter, exact tests follow.
-- ``bands``: the band table, one row per item: names (JSON) and centre/FWHM in nm as packed
-  float64 arrays (NaN = unknown) — per-band rows would be ~120 rows per hyperspectral item,
-  120 million for a million items, for no query that needs them; ``coverage``: the merged
-  wavelength intervals the bands cover, which answer "covers 400-2400 nm" with one indexed
-  lookup.
+  floats rounded outwards: a prefilter, exact tests follow. Each entry carries the item's band
+  set (an auxiliary column), so a bbox + wavelength search drops the items whose bands do not
+  cover the range without reading their rows (``bench/catalog.py``, 0.45-2.4 µm queries: 5 of
+  6 R*Tree candidates).
+- ``band_sets``: each distinct band table once (names as JSON, centre/FWHM in nm as packed
+  float64 arrays, NaN = unknown), keyed by a digest of that content (see ``._bandsets``): the
+  items of a sensor share a few tables, and a hyperspectral one is ~3 KB (a row per item made
+  the index 3.9 GB at a million items, 6x the rest). Band sets are never deleted with items
+  (another item may share one; ``reindex`` starts afresh). ``band_coverage``: the merged
+  wavelength intervals each band set covers, which answer "covers 400-2400 nm" for every
+  item at once.
 - ``geohash``: the footprint's compact geohash-6 cover; ``queryables``: every scalar property
   seen, with each JSON type it has had, so a filter on an unknown or mistyped property is an
   error (a comparison only ever matches values of its own type).
 
 SQLite errors leave as :class:`CatalogError`; a damaged file (SQLite's ``SQLITE_CORRUPT`` or
 ``SQLITE_NOTADB``) or another schema version as :class:`CorruptIndexError`, which
-``LakeCatalog`` answers by rebuilding the index from the item files.
+``LakeCatalog`` answers by rebuilding the index from the item files (an index of an older
+cubelake, version 5 with a band table row per item, is rebuilt that way: no migration).
 
 Writers serialise on SQLite's own lock (``BEGIN IMMEDIATE``, WAL journal, a 60 s busy
-timeout); readers never block. Search drives from the R*Tree when a bbox/geometry is given,
+timeout); readers never block. ``insert_items`` writes a batch with a handful of
+``executemany`` statements (rowids assigned under the write lock), not a few per item. Search drives from the R*Tree when a bbox/geometry is given,
 then checks time, wavelength, band count, geohash and property filters in SQL and the exact
 footprint with shapely.
 """
@@ -39,12 +46,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import logging
-import math
 import sqlite3
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -52,12 +61,12 @@ import numpy as np
 import shapely
 from shapely.geometry import shape
 
-from cubelake.errors import CatalogError, CatalogQueryError, CorruptIndexError
+from cubelake.errors import CatalogError, CorruptIndexError
 
-from .coverage import merged_coverage
-from .derived import DERIVED_ROOTS
+from ._bandsets import BandSet, BandSetMemo, band_table_of
+from ._search_sql import NO_TIME, T_UNIT, needs_queryables, order_sql, where_sql
 from .items import CollectionSummary, item_bands
-from .query import BUILTIN_SORT, ParsedQuery, Query, epoch, iso, parse_query
+from .query import ParsedQuery, Query, epoch, iso, parse_query
 from .schema import (
     BANDS,
     CB_BAND_COUNT,
@@ -66,9 +75,7 @@ from .schema import (
     CB_DATETIME_SOURCE,
     CB_GEOHASH,
     CB_QUALITY,
-    EO_CENTER,
     EO_CLOUD,
-    EO_FWHM,
     PROMOTED,
 )
 
@@ -76,20 +83,21 @@ __all__ = ["SCHEMA_VERSION", "CatalogIndex", "SearchHit", "index_error", "index_
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _BULKY = (BANDS, CB_CALIBRATION, CB_GEOHASH)
-_NO_TIME = -1e30  # R*Tree time of items with no known time: before anything a search can ask for
-_FAR = 1e29
 _MMAP_BYTES = 16 * 1024**3  # address space only; the OS pages in what searches touch
-_T_UNIT = 864_000.0  # seconds per R*Tree time unit (10 days; see the module docstring)
-# a scene's href is scenes/<id>/item.json; a derived product's <root>/<name>/item.json (see .derived)
-_NOT_DERIVED = (f"coalesce(substr(i.href, 1, instr(i.href, '/')), '') NOT IN "
-                f"({', '.join(repr(r + '/') for r in DERIVED_ROOTS)})")
+_IN_CHUNK = 500  # ids per "id IN (...)" lookup (SQLite allows 32,766 parameters; keep statements small)
+_MEMO = BandSetMemo()  # content -> band set: pure, so one for every index and thread
 
 _PROMOTED_COLUMNS = ", ".join(
     f"{col} GENERATED ALWAYS AS (json_extract(properties, '$.\"{key}\"')) VIRTUAL" for key, col in PROMOTED.items()
 )
-_PROMOTED_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS items_{col} ON items({col});" for col in PROMOTED.values())
+# indexes that only make searches faster (no constraint hangs on them): a bulk load into an empty
+# index builds them at its end, one sort each, instead of row by row (at a million items, row by row
+# rewrote most of their pages at every commit: 2.5x the insert cost at the end of the load)
+_SEARCH_INDEXES = {"items_time": "items(t0, t1)", "items_collection": "items(collection, t0)",
+                   **{f"items_{col}": f"items({col})" for col in PROMOTED.values()}}
+_SEARCH_INDEX_SQL = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};" for name, on in _SEARCH_INDEXES.items())
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS items(
@@ -102,18 +110,17 @@ CREATE TABLE IF NOT EXISTS items(
     west REAL, south REAL, east REAL, north REAL,
     geometry BLOB,
     band_count INTEGER NOT NULL,
+    band_set INTEGER NOT NULL,
     href TEXT,
     properties TEXT NOT NULL,
     {_PROMOTED_COLUMNS}
 );
-CREATE INDEX IF NOT EXISTS items_time ON items(t0, t1);
-CREATE INDEX IF NOT EXISTS items_collection ON items(collection, t0);
-{_PROMOTED_INDEXES}
-CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy, mint, maxt);
-CREATE TABLE IF NOT EXISTS bands(
-    item INTEGER PRIMARY KEY, names TEXT NOT NULL, center_nm BLOB NOT NULL, fwhm_nm BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS coverage(item INTEGER NOT NULL, lo_nm REAL NOT NULL, hi_nm REAL NOT NULL,
-    PRIMARY KEY(item, lo_nm)) WITHOUT ROWID;
+{_SEARCH_INDEX_SQL}
+CREATE VIRTUAL TABLE IF NOT EXISTS items_rtree USING rtree(id, minx, maxx, miny, maxy, mint, maxt, +band_set);
+CREATE TABLE IF NOT EXISTS band_sets(id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE, names TEXT NOT NULL,
+    center_nm BLOB NOT NULL, fwhm_nm BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS band_coverage(band_set INTEGER NOT NULL, lo_nm REAL NOT NULL, hi_nm REAL NOT NULL,
+    PRIMARY KEY(band_set, lo_nm)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS geohash(cell TEXT NOT NULL, item INTEGER NOT NULL, PRIMARY KEY(cell, item)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS geohash_item ON geohash(item);
 CREATE TABLE IF NOT EXISTS queryables(key TEXT NOT NULL, type TEXT NOT NULL, PRIMARY KEY(key, type)) WITHOUT ROWID;
@@ -207,6 +214,9 @@ class SearchHit:
                 "href": self.href, "properties": self.properties}
 
 
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string"}
+
+
 def _json_type(v: Any) -> str | None:
     if isinstance(v, bool):
         return "boolean"
@@ -217,10 +227,18 @@ def _json_type(v: Any) -> str | None:
     return None
 
 
+def _epoch(text: Any) -> float:
+    """``query.epoch``, with a shortcut for the form items use (``2024-05-01T10:45:26Z``)."""
+    if type(text) is str and len(text) == 20 and text[10] == "T" and text[19] == "Z":
+        with contextlib.suppress(ValueError):  # not a time after all: epoch() says what is wrong
+            return datetime.fromisoformat(text[:19] + "+00:00").timestamp()
+    return epoch(text)
+
+
 def _interval(props: dict[str, Any]) -> tuple[float | None, float | None]:
     """The item's time interval (epoch seconds); every time it gives must parse, even one not used."""
     start, end, dt = props.get("start_datetime"), props.get("end_datetime"), props.get("datetime")
-    times = {k: epoch(v) for k, v in (("start", start), ("end", end), ("datetime", dt)) if v}
+    times = {k: _epoch(v) for k, v in (("start", start), ("end", end), ("datetime", dt)) if v}
     if props.get(CB_DATETIME_SOURCE) == "unknown":
         return None, None
     if "start" in times and "end" in times:
@@ -230,20 +248,36 @@ def _interval(props: dict[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def _geometry(geom: dict[str, Any]) -> shapely.Geometry:
-    if geom.get("type") == "Polygon" and len(geom["coordinates"]) == 1:  # the common case, 3x faster than shape()
-        return shapely.polygons(np.asarray(geom["coordinates"][0], dtype=np.float64))
-    return shape(geom)
+def _footprint_wkb(geom: dict[str, Any]) -> bytes:
+    """The footprint as WKB, byte for byte what ``shapely.to_wkb(shape(geom))`` gives.
+
+    A closed 2-D single-ring polygon of numbers (the common case) is packed directly, 5x faster
+    than through shapely, which is asked for everything else (rings to close, 3-D points, text).
+    """
+    if geom.get("type") == "Polygon" and len(geom["coordinates"]) == 1:
+        ring = geom["coordinates"][0]
+        pairs = isinstance(ring, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in ring)
+        if pairs and len(ring) >= 4 and ring[0] == ring[-1]:
+            with contextlib.suppress(struct.error):  # not numbers (text, say): numpy converts or refuses them
+                return struct.pack(f"<BIII{2 * len(ring)}d", 1, 3, 1, len(ring), *itertools.chain.from_iterable(ring))
+        return cast(bytes, shapely.to_wkb(shapely.polygons(np.asarray(ring, dtype=np.float64))))
+    return cast(bytes, shapely.to_wkb(shape(geom)))
 
 
 @dataclass(slots=True)
 class _Rows:
     item: tuple[Any, ...]
     boxes: list[tuple[float, float, float, float, float, float]]
-    bands: tuple[str, bytes, bytes]
-    coverage: list[tuple[float, float]]
+    band_set: BandSet
     cells: list[str]
     queryables: dict[str, str]
+
+
+def _boxes(bbox: list[Any], t0: float | None, t1: float | None) -> tuple[tuple[float, ...], list[tuple[float, ...]]]:
+    """``(west, south, east, north)`` and the item's R*Tree boxes (two across the antimeridian)."""
+    w, s, e, n = (float(v) for v in (bbox[:2] + bbox[3:5] if len(bbox) == 6 else bbox))
+    tb = (t0 / T_UNIT, t1 / T_UNIT) if t0 is not None and t1 is not None else (NO_TIME, NO_TIME)
+    return (w, s, e, n), ([(w, 180.0, s, n, *tb), (-180.0, e, s, n, *tb)] if w > e else [(w, e, s, n, *tb)])
 
 
 def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
@@ -259,26 +293,19 @@ def index_rows(item: dict[str, Any], href: str | None) -> _Rows:
     t0, t1 = _interval(props)
     bbox = item.get("bbox")
     geom = item.get("geometry")
-    boxes: list[tuple[float, float, float, float, float, float]] = []
+    boxes: list[tuple[float, ...]] = []
     wkb = None
+    wsen: tuple[float | None, ...] = (None, None, None, None)
     if bbox and geom:
-        w, s, e, n = (float(v) for v in (bbox[:2] + bbox[3:5] if len(bbox) == 6 else bbox))
-        tb = (t0 / _T_UNIT, t1 / _T_UNIT) if t0 is not None and t1 is not None else (_NO_TIME, _NO_TIME)
-        boxes = [(w, 180.0, s, n, *tb), (-180.0, e, s, n, *tb)] if w > e else [(w, e, s, n, *tb)]
-        wkb = shapely.to_wkb(_geometry(geom))
-    else:
-        w = s = e = n = None  # type: ignore[assignment]
+        wsen, boxes = _boxes(bbox, t0, t1)
+        wkb = _footprint_wkb(geom)
     bands_in = item_bands(item)
-    c_nm = [None if (v := b.get(EO_CENTER)) is None else v * 1000.0 for b in bands_in]
-    f_nm = [None if (v := b.get(EO_FWHM)) is None else v * 1000.0 for b in bands_in]
-    merged = merged_coverage(c_nm, f_nm)
-    band_row = (json.dumps([b.get("name") for b in bands_in]),
-                np.array(c_nm, dtype="<f8").tobytes(), np.array(f_nm, dtype="<f8").tobytes())
+    band_set = _MEMO.get(bands_in)
     slim = {k: v for k, v in props.items() if k not in _BULKY}
-    q = {k: t for k, v in slim.items() if (t := _json_type(v)) is not None}
+    q = {k: t for k, v in slim.items() if (t := _JSON_TYPES.get(type(v)) or _json_type(v)) is not None}
     n_bands = int(props.get(CB_BAND_COUNT, len(bands_in)))
-    row = (iid, coll, props.get("datetime"), t0, t1, w, s, e, n, wkb, n_bands, href, json.dumps(slim))
-    return _Rows(row, boxes, band_row, merged, list(props.get(CB_GEOHASH) or []), q)
+    row = (iid, coll, props.get("datetime"), t0, t1, *wsen, wkb, n_bands, href, json.dumps(slim))
+    return _Rows(row, boxes, band_set, list(props.get(CB_GEOHASH) or []), q)  # type: ignore[arg-type]
 
 
 class CatalogIndex:
@@ -309,7 +336,14 @@ class CatalogIndex:
         if version is None or str(version[0]) != str(SCHEMA_VERSION):
             self.db.close()
             raise CorruptIndexError(f"{self.path}: index schema version {version[0] if version else None}, expected "
-                                    f"{SCHEMA_VERSION}")
+                                    f"{SCHEMA_VERSION} (written by another cubelake version; 'cubelake catalog reindex' "
+                                    "rebuilds it from the item files)")
+        if not readonly:
+            try:
+                self._create_search_indexes()  # a bulk load that died before building them left them out
+            except CatalogError:
+                self.db.close()
+                raise
 
     def _create(self) -> None:
         with self.transaction():
@@ -317,6 +351,29 @@ class CatalogIndex:
                 if stmt.strip():
                     self.db.execute(stmt)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def _create_search_indexes(self) -> None:
+        have = {r[0] for r in self._try(lambda: self.db.execute("SELECT name FROM sqlite_master WHERE type='index'"))}
+        missing = [name for name in _SEARCH_INDEXES if name not in have]
+        if missing:
+            with self.transaction():
+                for name in missing:
+                    self.db.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {_SEARCH_INDEXES[name]}")
+
+    def _drop_search_indexes_if_empty(self) -> bool:
+        """Before a bulk load: drop the search-only indexes if the index holds no item (see ``_SEARCH_INDEXES``)."""
+        with self.transaction():
+            if self.db.execute("SELECT 1 FROM items LIMIT 1").fetchone() is not None:
+                return False
+            for name in _SEARCH_INDEXES:
+                self.db.execute(f"DROP INDEX IF EXISTS {name}")
+        return True
+
+    def _try(self, op: Callable[[], _T]) -> _T:
+        try:
+            return op()
+        except sqlite3.Error as exc:
+            raise index_error(self.path, exc) from exc
 
     def close(self) -> None:
         self.db.close()
@@ -353,35 +410,61 @@ class CatalogIndex:
         except sqlite3.Error as exc:
             raise index_error(self.path, exc) from exc
 
-    def _delete(self, rowid: int) -> None:
+    def _delete(self, rowids: list[int]) -> None:
+        """Remove items and every row that refers to them (their band sets stay: others may share them)."""
         db = self.db
-        db.execute("DELETE FROM items_rtree WHERE id IN (?, ?)", (rowid * 2, rowid * 2 + 1))
-        db.execute("DELETE FROM bands WHERE item=?", (rowid,))
-        db.execute("DELETE FROM coverage WHERE item=?", (rowid,))
-        db.execute("DELETE FROM geohash WHERE item=?", (rowid,))
-        db.execute("DELETE FROM items WHERE rowid=?", (rowid,))
+        db.executemany("DELETE FROM items_rtree WHERE id IN (?, ?)", [(r * 2, r * 2 + 1) for r in rowids])
+        db.executemany("DELETE FROM geohash WHERE item=?", [(r,) for r in rowids])
+        db.executemany("DELETE FROM items WHERE rowid=?", [(r,) for r in rowids])
 
-    def _insert(self, r: _Rows) -> None:
+    def _rowids(self, ids: list[str]) -> list[int]:
+        """The rowids of those of ``ids`` that the index holds."""
+        out: list[int] = []
+        for k in range(0, len(ids), _IN_CHUNK):
+            part = ids[k:k + _IN_CHUNK]
+            out += [r for (r,) in self.db.execute(
+                f"SELECT rowid FROM items WHERE id IN ({','.join('?' * len(part))})", part)]
+        return out
+
+    def _band_set_ids(self, sets: Iterable[BandSet]) -> dict[bytes, int]:
+        """Each band set's id in this index (added, with its coverage, where missing); in a transaction."""
         db = self.db
-        old = db.execute("SELECT rowid FROM items WHERE id=?", (r.item[0],)).fetchone()
-        if old is not None:
-            self._delete(old[0])
-        cur = db.execute(
-            "INSERT INTO items(id, collection, datetime, t0, t1, west, south, east, north, geometry, band_count, "
-            "href, properties) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", r.item)
-        rowid = int(cur.lastrowid or 0)
-        db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?,?,?)",
-                       [(rowid * 2 + k, *b) for k, b in enumerate(r.boxes)])
-        db.execute("INSERT INTO bands VALUES (?,?,?,?)", (rowid, *r.bands))
-        db.executemany("INSERT OR IGNORE INTO coverage VALUES (?,?,?)", [(rowid, lo, hi) for lo, hi in r.coverage])
-        db.executemany("INSERT OR IGNORE INTO geohash VALUES (?,?)", [(c, rowid) for c in r.cells])
+        out: dict[bytes, int] = {}
+        for bs in sets:
+            if bs.digest in out:
+                continue
+            row = db.execute("SELECT id FROM band_sets WHERE digest=?", (bs.digest,)).fetchone()
+            if row is None:
+                bid = int(db.execute("INSERT INTO band_sets(digest, names, center_nm, fwhm_nm) VALUES (?,?,?,?)",
+                                     bs.row).lastrowid or 0)
+                db.executemany("INSERT OR IGNORE INTO band_coverage VALUES (?,?,?)",
+                               [(bid, lo, hi) for lo, hi in bs.coverage])
+                row = (bid,)
+            out[bs.digest] = int(row[0])
+        return out
+
+    def _write(self, rows: list[_Rows]) -> None:
+        """Insert (or replace) items with distinct ids, in one transaction: a few statements per batch."""
+        db = self.db
+        with self.transaction():
+            self._delete(self._rowids([r.item[0] for r in rows]))
+            sets = self._band_set_ids(r.band_set for r in rows)
+            # rowids as SQLite would give them (max + 1): the write lock is held, nobody else inserts
+            first = int(db.execute("SELECT coalesce(max(rowid), 0) + 1 FROM items").fetchone()[0])
+            db.executemany(
+                "INSERT INTO items(rowid, id, collection, datetime, t0, t1, west, south, east, north, geometry, "
+                "band_count, href, properties, band_set) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(first + k, *r.item, sets[r.band_set.digest]) for k, r in enumerate(rows)])
+            db.executemany("INSERT INTO items_rtree VALUES (?,?,?,?,?,?,?,?)",
+                           [((first + k) * 2 + p, *b, sets[r.band_set.digest])
+                            for k, r in enumerate(rows) for p, b in enumerate(r.boxes)])
+            db.executemany("INSERT OR IGNORE INTO geohash VALUES (?,?)",
+                           [(c, first + k) for k, r in enumerate(rows) for c in r.cells])
+            self._add_queryables({kv for r in rows for kv in r.queryables.items()})
 
     def upsert(self, item: dict[str, Any], href: str | None = None) -> None:
         """Insert or replace one item, in its own transaction."""
-        r = index_rows(item, href)
-        with self.transaction():
-            self._insert(r)
-            self._add_queryables(set(r.queryables.items()))
+        self._write([index_rows(item, href)])
 
     def _add_queryables(self, pairs: set[tuple[str, str]]) -> None:
         self.db.executemany("INSERT OR IGNORE INTO queryables VALUES (?, ?)", sorted(pairs))
@@ -390,42 +473,44 @@ class CatalogIndex:
                      href: Callable[[dict[str, Any]], str | None] | None = None) -> int:
         """Bulk insert (or replace) item dicts, ``batch_size`` per transaction; returns how many.
 
-        ``href(item)`` gives each item's JSON path relative to the lake (``None``: no file).
+        ``href(item)`` gives each item's JSON path relative to the lake (``None``: no file). An id
+        given twice keeps its last item, as inserting the items one by one would. Into an empty
+        index (a reindex), the search-only indexes are built once at the end.
         """
+        deferred = self._drop_search_indexes_if_empty()
+        try:
+            return self._insert_batches(items, batch_size, href)
+        finally:
+            if deferred:
+                self._create_search_indexes()
+
+    def _insert_batches(self, items: Iterable[dict[str, Any]], batch_size: int,
+                        href: Callable[[dict[str, Any]], str | None] | None) -> int:
         n = 0
-        batch: list[_Rows] = []
-        seen: set[tuple[str, str]] = set()
-
-        def flush() -> None:
-            with self.transaction():
-                for r in batch:
-                    self._insert(r)
-                self._add_queryables(seen)
-            batch.clear()
-            seen.clear()
-
+        batch: dict[str, _Rows] = {}
         for item in items:
             r = index_rows(item, href(item) if href is not None else None)
-            seen.update(r.queryables.items())
-            batch.append(r)
+            batch.pop(r.item[0], None)
+            batch[r.item[0]] = r
             n += 1
             if len(batch) >= batch_size:
-                flush()
+                self._write(list(batch.values()))
+                batch.clear()
         if batch:
-            flush()
+            self._write(list(batch.values()))
         return n
 
     def delete(self, item_id: str) -> bool:
         with self.transaction():
-            row = self.db.execute("SELECT rowid FROM items WHERE id=?", (item_id,)).fetchone()
-            if row is None:
+            rowids = self._rowids([item_id])
+            if not rowids:
                 return False
-            self._delete(row[0])
+            self._delete(rowids)
         return True
 
     def clear(self) -> None:
         with self.transaction():
-            for t in ("items_rtree", "bands", "coverage", "geohash", "items", "queryables"):
+            for t in ("items_rtree", "band_coverage", "band_sets", "geohash", "items", "queryables"):
                 self.db.execute(f"DELETE FROM {t}")
 
     @_reads
@@ -452,14 +537,9 @@ class CatalogIndex:
     @_reads
     def band_table(self, item_id: str) -> list[tuple[str | None, float | None, float | None]]:
         """``(name, centre_nm, fwhm_nm)`` per band of an item (``None`` where unknown)."""
-        row = self.db.execute("SELECT b.names, b.center_nm, b.fwhm_nm FROM bands b JOIN items i ON i.rowid = b.item "
-                              "WHERE i.id = ?", (item_id,)).fetchone()
-        if row is None:
-            return []
-        names = json.loads(row[0])
-        c, f = np.frombuffer(row[1], dtype="<f8"), np.frombuffer(row[2], dtype="<f8")
-        return [(n, None if math.isnan(a) else float(a), None if math.isnan(b) else float(b))
-                for n, a, b in zip(names, c, f, strict=True)]
+        row = self.db.execute("SELECT b.names, b.center_nm, b.fwhm_nm FROM band_sets b JOIN items i "
+                              "ON b.id = i.band_set WHERE i.id = ?", (item_id,)).fetchone()
+        return [] if row is None else band_table_of(*row)
 
     @_reads
     def __len__(self) -> int:
@@ -470,119 +550,26 @@ class CatalogIndex:
         rows = list(self._select("i.id = ?", [item_id], "", None))
         return rows[0] if rows else None
 
-    def _property_sql(self, key: str, known: dict[str, set[str]], what: str) -> tuple[str, list[Any]]:
-        """The SQL expression of a property (and its parameters); unknown properties are an error."""
-        if key not in known and key not in PROMOTED:
-            raise CatalogQueryError(
-                f"unknown property {key!r} in {what}; the catalog's queryable properties are: "
-                f"{', '.join(sorted(known)) or '(none yet)'}"
-            )
-        if key in PROMOTED:
-            return f"i.{PROMOTED[key]}", []
-        return "json_extract(i.properties, ?)", ['$."' + key.replace('"', '\\"') + '"']
-
     @_reads
     def holds(self, item: dict[str, Any], href: str | None) -> bool:
         """Whether the index holds ``item`` at ``href`` exactly as indexing it now would store it."""
         r = index_rows(item, href)
-        row = self.db.execute("SELECT rowid, id, collection, datetime, t0, t1, west, south, east, north, geometry, "
-                              "band_count, href, properties FROM items WHERE id=?", (r.item[0],)).fetchone()
-        if row is None or tuple(row[1:]) != r.item:
+        row = self.db.execute("SELECT i.rowid, i.id, i.collection, i.datetime, i.t0, i.t1, i.west, i.south, i.east, "
+                              "i.north, i.geometry, i.band_count, i.href, i.properties, b.digest FROM items i "
+                              "LEFT JOIN band_sets b ON b.id = i.band_set WHERE i.id=?", (r.item[0],)).fetchone()
+        if row is None or tuple(row[1:-1]) != r.item or row[-1] != r.band_set.digest:
             return False
-        bands = self.db.execute("SELECT names, center_nm, fwhm_nm FROM bands WHERE item=?", (row[0],)).fetchone()
         cells = [c for (c,) in self.db.execute("SELECT cell FROM geohash WHERE item=? ORDER BY cell", (row[0],))]
-        return bands is not None and tuple(bands) == r.bands and cells == sorted(set(r.cells))
+        return cells == sorted(set(r.cells))
 
     @_reads
     def search(self, query: Query | ParsedQuery, *, scenes_only: bool = False) -> list[SearchHit]:
         """Every item matching ``query``, sorted and limited as it asks; ``scenes_only``: no derived products."""
         q = parse_query(query) if isinstance(query, Query) else query
-        conds: list[str] = [_NOT_DERIVED] if scenes_only else []
-        params: list[Any] = []
-        if q.boxes:
-            rt = " OR ".join("(minx <= ? AND maxx >= ? AND miny <= ? AND maxy >= ? AND mint <= ? AND maxt >= ?)"
-                             for _ in q.boxes)
-            conds.append(f"i.rowid IN (SELECT id >> 1 FROM items_rtree WHERE {rt})")
-            t_lo = q.t_start / _T_UNIT if q.t_start is not None else (-_FAR if q.has_time else -math.inf)
-            t_hi = q.t_end / _T_UNIT if q.t_end is not None else math.inf
-            if q.has_time:
-                t_lo = max(t_lo, -_FAR)  # above the unknown-time sentinel
-            for w, s, e, n in q.boxes:
-                params += [e, w, n, s, t_hi, t_lo]
-        if q.has_time:
-            # with a bbox the R*Tree drives ("+" keeps SQLite off the time index); alone, items_time does
-            t = "+i" if q.boxes else "i"
-            conds.append(f"{t}.t0 IS NOT NULL")
-            if q.t_end is not None:
-                conds.append(f"{t}.t0 <= ?")
-                params.append(q.t_end)
-            if q.t_start is not None:
-                conds.append(f"{t}.t1 >= ?")
-                params.append(q.t_start)
-        if q.collections:
-            conds.append(f"i.collection IN ({','.join('?' * len(q.collections))})")
-            params += list(q.collections)
-        if q.ids:
-            conds.append(f"i.id IN ({','.join('?' * len(q.ids))})")
-            params += list(q.ids)
-        if q.wavelength_nm is not None:
-            conds.append("EXISTS (SELECT 1 FROM coverage c WHERE c.item = i.rowid AND c.lo_nm <= ? AND c.hi_nm >= ?)")
-            params += [q.wavelength_nm[0], q.wavelength_nm[1]]
-        if q.min_bands is not None:
-            conds.append("i.band_count >= ?")
-            params.append(q.min_bands)
-        if q.geohash is not None:
-            p = q.geohash
-            prefixes = [p[:k] for k in range(1, len(p))]
-            sub = "SELECT item FROM geohash WHERE cell >= ? AND cell < ?"
-            params += [p, p + "~"]
-            if prefixes:
-                sub += f" UNION SELECT item FROM geohash WHERE cell IN ({','.join('?' * len(prefixes))})"
-                params += prefixes
-            conds.append(f"i.rowid IN ({sub})")
-        known: dict[str, set[str]] = {}
-        if q.filters or any(k not in BUILTIN_SORT for k, _ in q.sort):
-            known = self.queryables()
-        for f in q.filters:
-            col, cparams = self._property_sql(f.key, known, "a filter")
-            kinds = known.get(f.key, set())
-            value: Any = f.value
-            if isinstance(value, bool) or (f.op in ("=", "!=") and "boolean" in kinds and value in ("true", "false")):
-                if "boolean" not in kinds:
-                    raise CatalogQueryError(f"filter {f}: {f.key} is {' or '.join(sorted(kinds))}, not true/false")
-                guard, value = "typeof({c}) = 'integer'", 1 if value in (True, "true") else 0
-            elif isinstance(value, float):
-                if "number" not in kinds:
-                    if f.op in ("<", "<=", ">", ">="):
-                        raise CatalogQueryError(f"filter {f}: {f.key} is text; use = or != with it")
-                    guard, value = "typeof({c}) = 'text'", str(int(value)) if value.is_integer() else str(value)
-                else:
-                    guard = "typeof({c}) IN ('integer', 'real')"
-            else:
-                if "string" not in kinds:
-                    raise CatalogQueryError(f"filter {f}: {f.key} is a number; got {value!r}")
-                guard = "typeof({c}) = 'text'"
-            # SQL semantics, as CQL2: an item without the property (or of another type) matches no comparison
-            conds.append(f"({guard.format(c=col)} AND {col} {f.op} ?)")
-            params += [*cparams, *cparams, value]
-        order = []
-        order_params: list[Any] = []
-        for key, desc in q.sort or (("datetime", False), ("id", False)):
-            if key == "datetime":
-                col, cparams = "i.t0", []
-            elif key in ("id", "collection", "band_count"):
-                col, cparams = f"i.{key}", []
-            else:
-                col, cparams = self._property_sql(key, known, "sort")
-            order.append(f"{col} IS NULL, {col} {'DESC' if desc else 'ASC'}")
-            order_params += [*cparams, *cparams]
-        if ("id", False) not in q.sort and ("id", True) not in q.sort:
-            order.append("i.id")
-        where = " AND ".join(conds) or "1"
-        exact = q.geometry is not None
-        limit = q.limit
-        return list(self._select(where, params + order_params, " ORDER BY " + ", ".join(order), limit,
-                                 q.geometry if exact else None))
+        known = self.queryables() if needs_queryables(q) else {}
+        where, params = where_sql(q, known, scenes_only=scenes_only)
+        order, order_params = order_sql(q, known)
+        return list(self._select(where, params + order_params, order, q.limit, q.geometry))
 
     def _select(self, where: str, params: list[Any], order: str, limit: int | None,
                 geometry: Any = None) -> Iterator[SearchHit]:
@@ -647,8 +634,8 @@ class CatalogIndex:
                                 "FROM items WHERE collection=?) WHERE v IS NOT NULL", (collection,)).fetchone()
             if lo is not None:
                 s.ranges[key] = (lo, hi)
-        lo, hi = db.execute("SELECT min(c.lo_nm), max(c.hi_nm) FROM coverage c JOIN items i ON i.rowid = c.item "
-                            "WHERE i.collection=?", (collection,)).fetchone()
+        lo, hi = db.execute("SELECT min(lo_nm), max(hi_nm) FROM band_coverage WHERE band_set IN "
+                            "(SELECT band_set FROM items WHERE collection=?)", (collection,)).fetchone()
         if lo is not None:
             s.ranges[CB_COVERAGE] = (round(lo, 4), round(hi, 4))
         return s
