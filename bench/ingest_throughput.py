@@ -19,6 +19,8 @@ Zarr v3: chunks (bands, 256, 256), blosc zstd clevel 3 shuffle, cubelake's defau
   xarray_zarr        rioxarray.open_rasterio(chunks=...) -> Dataset.to_zarr (dask threads, 2 workers)
   cubelake_cog_zarr  cubelake ingest --products cog,zarr
   cubelake_4gib      cubelake ingest --products cog,zarr on a >= 4 GiB scene (unless --skip-4gib)
+  <tool>_small       the COG and Zarr tools again on a ~0.5 GiB scene (``--small-gib``; 0 skips it), where
+                     fixed per-run costs (start-up, metadata, validation) weigh more
 
 Afterwards the outputs are checked: every COG is valid (rio-cogeo), has the asked layout, and
 holds the source's pixels on a few windows (edges included); both Zarr stores hold the source's
@@ -288,21 +290,25 @@ RATIOS = [
     ("cubelake COG vs GDAL 3.10 COG driver", "cubelake_cog", "gdal310_cog"),
     ("cubelake COG vs rio cogeo create", "cubelake_cog", "rio_cogeo"),
     ("cubelake Zarr vs xarray.to_zarr", "cubelake_zarr", "xarray_zarr"),
+    ("small scene: cubelake COG vs gdal_translate 3.6", "cubelake_cog_small", "gdal36_cog_small"),
+    ("small scene: cubelake COG vs GDAL 3.10 COG driver", "cubelake_cog_small", "gdal310_cog_small"),
+    ("small scene: cubelake Zarr vs xarray.to_zarr", "cubelake_zarr_small", "xarray_zarr_small"),
 ]
+SMALL_TOOLS = ("cubelake_cog", "gdal36_cog", "gdal310_cog", "cubelake_zarr", "xarray_zarr")
 
 
 def print_table(summary: dict[str, dict[str, Any]], sizes: dict[str, dict[str, int]], nbytes: dict[str, int]) -> None:
-    print(f"\n{'tool':<52} {'runs':>4} {'best s':>7} {'med s':>7} {'MB/s best':>9} {'MB/s med':>9} "
+    print(f"\n{'tool':<64} {'runs':>4} {'best s':>7} {'med s':>7} {'MB/s best':>9} {'MB/s med':>9} "
           f"{'RSS MiB':>8} {'CPU s':>6} {'out MB':>8} {'ratio':>6}")
     for key, s in summary.items():
         out = sum(sizes.get(key, {}).values())
-        print(f"{LABELS[key]:<52} {s['runs']:>4} {s['wall_best_s']:>7.1f} {s['wall_median_s']:>7.1f} "
+        print(f"{LABELS[key]:<64} {s['runs']:>4} {s['wall_best_s']:>7.1f} {s['wall_median_s']:>7.1f} "
               f"{s['mbps_best']:>9.0f} {s['mbps_median']:>9.0f} {s['rss_max_mib']:>8.0f} {s['cpu_median_s']:>6.1f} "
               f"{out / 1e6:>8.0f} {nbytes[key] / out if out else float('nan'):>6.2f}")
     print("\nspeed ratios (baseline wall / cubelake wall; > 1 = cubelake faster)")
     for label, a, b in RATIOS:
         if a in summary and b in summary:
-            print(f"  {label:<40} best {summary[b]['wall_best_s'] / summary[a]['wall_best_s']:.2f}x   "
+            print(f"  {label:<52} best {summary[b]['wall_best_s'] / summary[a]['wall_best_s']:.2f}x   "
                   f"median {summary[b]['wall_median_s'] / summary[a]['wall_median_s']:.2f}x")
 
 
@@ -317,6 +323,8 @@ def main() -> None:
     ap.add_argument("--tools", default=None, help="comma-separated subset of the tool keys")
     ap.add_argument("--skip-4gib", action="store_true", help="skip the >= 4 GiB cubelake run")
     ap.add_argument("--repeats-4gib", type=int, default=1)
+    ap.add_argument("--small-gib", type=float, default=0.5,
+                    help="also run the COG and Zarr tools on a scene of this size, GiB (0: no small scene)")
     ap.add_argument("--no-drop-caches", action="store_true", help="keep the page cache between runs")
     ap.add_argument("--disturbed-cores", type=float, default=0.25,
                     help="re-run a run when other processes used more than this many cores on average meanwhile")
@@ -351,14 +359,27 @@ def main() -> None:
     profile = write_profile(a.out / "bench_profile.yaml", a.level)
 
     cmds = tool_commands(src, work, a.level, profile)
+    small: Path | None = None
+    if a.small_gib > 0:
+        hs, ws = scene_shape(a.small_gib, a.bands)
+        small = ensure_scene(a.out, hs, ws, a.bands)
+        small_cmds = tool_commands(small, work / "small", a.level, profile)
+        for tool in SMALL_TOOLS:  # each run writes under work/<key>, which is emptied before it
+            cmd, out = small_cmds[tool]
+            here, there = str(work / "small" / tool), str(work / f"{tool}_small")
+            cmds[f"{tool}_small"] = ([c.replace(here, there) for c in cmd], Path(str(out).replace(here, there)))
+            LABELS[f"{tool}_small"] = f"{LABELS[tool]}, {hs * ws * a.bands * 2 / 1e6:.0f} MB scene"
     if a.tools:
         keep = a.tools.split(",")
-        cmds = {k: v for k, v in cmds.items() if k in keep}
+        cmds = {k: v for k, v in cmds.items() if k in keep or k.removesuffix("_small") in keep}
     plan: list[tuple[str, int]] = [(k, r) for r in range(a.repeats) for k in cmds]
     if "4gib" in scenes:
         cmds["cubelake_4gib"] = cubelake_cmd(scenes["4gib"], work / "cubelake_4gib", "cog,zarr", profile)
         plan += [("cubelake_4gib", r) for r in range(a.repeats_4gib)]
     nbytes = {k: nbytes_main for k in cmds}
+    if small is not None:
+        with rasterio.open(small) as ds:
+            nbytes.update({k: ds.height * ds.width * ds.count * 2 for k in cmds if k.endswith("_small")})
     if "4gib" in scenes:
         with rasterio.open(scenes["4gib"]) as ds:
             nbytes["cubelake_4gib"] = ds.height * ds.width * ds.count * 2
@@ -367,7 +388,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in cmds}
     disturbed: list[dict[str, Any]] = []
     sizes: dict[str, dict[str, int]] = {}
-    print(f"scene {src} ({height}x{width}x{a.bands} int16, {nbytes_main / 2**30:.2f} GiB); "
+    print(f"scene {src} ({height}x{width}x{a.bands} int16, {nbytes_main / 2**30:.2f} GiB)"
+          + (f" and {small}" if small is not None else "") + "; "
           f"page cache {'dropped' if drop else 'kept'} before each run; {len(plan)} runs", flush=True)
     for key, rnd in plan:
         cmd, out = cmds[key]
@@ -388,8 +410,10 @@ def main() -> None:
         sizes[key] = {kind: tree_size(p) for kind, p in products_of(key, out).items()}
 
     # outputs of the last round: check them against the source
-    produced = {k: products_of(k, cmds[k][1]) for k in cmds if k != "cubelake_4gib"}
+    produced = {k: products_of(k, cmds[k][1]) for k in cmds if k != "cubelake_4gib" and not k.endswith("_small")}
     failures = verify(src, produced)
+    if small is not None:
+        failures += verify(small, {k: products_of(k, cmds[k][1]) for k in cmds if k.endswith("_small")})
     if "cubelake_4gib" in cmds:
         failures += verify(scenes["4gib"], {"cubelake_4gib": products_of("cubelake_4gib", cmds["cubelake_4gib"][1])})
     summary = {k: summarise(v, nbytes[k]) for k, v in runs.items() if v}
@@ -408,6 +432,8 @@ def main() -> None:
                         "rasterio_gdal": rasterio.__gdal_version__},
             "args": {k: str(v) for k, v in vars(a).items() if k != "xarray_to_zarr"},
             "scene": {"path": str(src), "shape": [a.bands, height, width], "bytes": nbytes_main,
+                      **({"small": str(small), "small_bytes": next(v for k, v in nbytes.items() if k.endswith("_small"))}
+                         if small is not None and any(k.endswith("_small") for k in nbytes) else {}),
                       **({"4gib": str(scenes["4gib"]), "4gib_bytes": nbytes.get("cubelake_4gib")} if "4gib" in scenes else {})},
             "page_cache_dropped": drop, "nice": a.nice,
             "commands": {k: " ".join(v[0]) for k, v in cmds.items()},

@@ -177,6 +177,7 @@ class CogSink:
         self._local = threading.local()
         self._cond = threading.Condition()
         self._aborted = False
+        self._overviews_added = False
         self._error: BaseException | None = None
         raw_bytes = nb * ny * nx * self.dtype.itemsize
         self._kwargs: dict[str, Any] = {
@@ -210,11 +211,17 @@ class CogSink:
         t = self.settings.chunk
         h, w = block.shape[1], block.shape[2]
         tile, predicted = self._buffers()
-        if (h, w) == (t, t):
+        pixels = block.transpose(1, 2, 0)  # C-contiguous when the scan read a pixel-interleaved source
+        if (h, w) == (t, t) and pixels.flags.c_contiguous:
+            tile = pixels  # already the tile's layout: no copy
+        elif (h, w) == (t, t):
             to_pixel_interleaved(block, out=tile)
         else:  # edge tiles are stored full-size in TIFF; the padding is never read
             tile.fill(self._fill)
-            to_pixel_interleaved(block, out=tile[:h, :w, :])
+            if block.strides[0] == block.itemsize:  # bands adjacent in memory: a plain copy
+                tile[:h, :w, :] = pixels
+            else:
+                to_pixel_interleaved(block, out=tile[:h, :w, :])
         return self._compress(self._predict(tile, axis=-2, out=predicted), level=self._level)
 
     def write(self, window: Window, data: np.ndarray) -> None:
@@ -244,13 +251,18 @@ class CogSink:
             self._error = exc
 
     # -- completion ---------------------------------------------------------
-    def finish(self) -> dict[str, Any]:
-        """Wait for the file, add overviews if asked, validate it as a COG."""
+    def written(self) -> None:
+        """Wait for the file and add overviews if asked: its bytes are final (validation may follow)."""
         self._thread.join()
         if self._error is not None:
             raise CubelakeError(f"{self.target}: writing the COG failed: {self._error}") from self._error
-        if self.settings.overviews:
+        if self.settings.overviews and not self._overviews_added:
             self._add_overviews()
+            self._overviews_added = True
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for the file, add overviews if asked, validate it as a COG."""
+        self.written()
         from rio_cogeo.cogeo import (
             cog_validate,  # imported here: it pulls morecantile (~0.2 s) into every start
         )

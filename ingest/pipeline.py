@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import rasterio
@@ -64,10 +64,6 @@ from cubelake.record import (
     ValidationSummary,
     json_safe,
 )
-from cubelake.refs.api import stat_target
-from cubelake.refs.build import reference_tiff
-from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
-from cubelake.refs.layout import TiffLayout, read_layout
 from cubelake.storage import join_url, url_of_gdal_path
 
 from .acqtime import AcquisitionTime, acquisition_time
@@ -109,6 +105,9 @@ from .sources import (
 from .sources.remote import remote_input
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
+
+if TYPE_CHECKING:  # cubelake.refs (and zarr with it) is imported when references are built
+    from cubelake.refs.layout import TiffLayout
 
 __all__ = [
     "PRODUCTS",
@@ -628,6 +627,8 @@ def _refs_plan(opened: _Opened, options: IngestOptions, local_lake: bool = True)
         return _RefsPlan(False, "the source is on an object store: the lake's references point at its own COG")
     if meta.format != "GTiff" or len(meta.files) != 1:
         return _RefsPlan(False, f"the source is {meta.format}{' in several files' if len(meta.files) > 1 else ''}, not one GeoTIFF")
+    from cubelake.refs.layout import read_layout
+
     try:
         layout = read_layout(meta.files[0])
     except Exception as exc:  # a damaged header can make tifffile raise almost anything; cogify instead
@@ -649,6 +650,11 @@ def _write_scene_refs(ctx: _BuildContext, staged: Path, refs_plan: _RefsPlan,
     copied; a source referenced in place keeps its absolute path (and its folder becomes an
     allowed root of the lake). Returns the product and a note for the result message.
     """
+    from cubelake.refs.api import stat_target
+    from cubelake.refs.build import reference_tiff
+    from cubelake.refs.formats import PARQUET_THRESHOLD, write_refs
+    from cubelake.refs.layout import read_layout
+
     ctx.emit("refs")
     if refs_plan.in_place:
         assert refs_plan.layout is not None
@@ -759,7 +765,7 @@ def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None
         aux_layers, aux_outcomes = _write_scene_aux(ctx, staged)
         measured = _measure(ctx, result, valid_mask, hasher)
         if zarr is not None:
-            products["zarr"] = _finish_scene_zarr(ctx, staged, measured)
+            products["zarr"] = _finish_scene_zarr(ctx, staged, measured, zarr)
         record = _scene_record(ctx, measured, products, labels, aux_layers)
         _write_records(staged, record, ctx.report)
         ctx.emit("publish")
@@ -821,9 +827,11 @@ def _scan(ctx: _BuildContext, zarr: ZarrSink | None, cog: CogSink | None, valid_
 def _finish_cog(ctx: _BuildContext, staged: Path, cog: CogSink) -> ProductInfo:
     """Assemble and validate the COG; its product entry."""
     ctx.emit("cog")
-    info = cog.finish()
     path = ctx.staged_path(staged, ".tif")
-    return ProductInfo(path=path.name, bytes=path.stat().st_size, blake3=file_blake3(path),
+    cog.written()
+    digest = _Background(lambda: file_blake3(path))  # the file is final: hash it while rio-cogeo validates it
+    info = cog.finish()
+    return ProductInfo(path=path.name, bytes=path.stat().st_size, blake3=digest.result(),
                        media_type="image/tiff; application=geotiff; profile=cloud-optimized",
                        validator_warnings=info["warnings"])
 
@@ -893,13 +901,14 @@ def _measure(ctx: _BuildContext, result: ScanResult, valid_mask: ValidMask, hash
                      Acquisition.model_validate(acq.to_dict()), prints, content_hash(prints))
 
 
-def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured) -> ProductInfo:
-    """Add what the pixel pass found to the Zarr and consolidate it; its product entry."""
+def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured, sink: ZarrSink) -> ProductInfo:
+    """Add what the pixel pass found to the Zarr and consolidate it; its product entry (the chunk files the
+    sink hashed as it wrote them are not read again)."""
     path = ctx.staged_path(staged, ".zarr")
     finish_zarr(path, {"cubelake:band_stats": json.dumps(json_safe(measured.stats))},
                 {"cubelake:content_hash": measured.content_hash})
     return ProductInfo(path=path.name, array="data", bytes=_dir_size(path),
-                       media_type="application/vnd+zarr; version=3", tree_blake3=tree_blake3(path))
+                       media_type="application/vnd+zarr; version=3", tree_blake3=tree_blake3(path, sink.hashes))
 
 
 def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, ProductInfo],

@@ -22,6 +22,11 @@ def _representable(value: float, dtype: np.dtype) -> bool:
     return dtype.kind == "f" or _fits(value, dtype)
 
 
+def _is_pixel_view(block: np.ndarray) -> bool:
+    """A ``(band, y, x)`` view of C-contiguous ``(y, x, band)`` memory (what a pixel-interleaved read gives)."""
+    return block.ndim == 3 and block.transpose(1, 2, 0).flags.c_contiguous
+
+
 def _finite_list(a: np.ndarray) -> list[float | None]:
     """JSON-ready values: ``None`` where a band has no finite statistic."""
     return [float(v) if math.isfinite(v) else None for v in a]
@@ -49,7 +54,12 @@ class ScanStats:
         # values near the float64 limit overflow the sums to inf: that band's mean/std become unknown
         # (None in the records), which is the right answer, not a warning on the user's terminal
         with np.errstate(over="ignore", invalid="ignore"):
-            self._update(block, group)
+            if block.flags.c_contiguous:
+                self._update(block, group)
+            elif _is_pixel_view(block) and block.dtype.kind in "iu" and block.dtype.itemsize <= 2:
+                self._update_pixels(block.transpose(1, 2, 0).reshape(-1, self.n))
+            else:
+                self._update(np.ascontiguousarray(block), group)
 
     def _update(self, block: np.ndarray, group: int) -> None:
         is_float = block.dtype.kind == "f"
@@ -96,6 +106,46 @@ class ScanStats:
         self.max[g0:g1] = np.maximum(self.max[g0:g1], b.max(axis=1))
         self.sum[g0:g1] += b.sum(axis=1, dtype=np.int64)
         self.sumsq[g0:g1] += np.einsum("ij,ij->i", b, b, dtype=np.int64)
+
+    def _update_pixels(self, p: np.ndarray, rows: int = 2048) -> None:
+        """Small integers as ``(pixel, band)`` rows (a pixel-interleaved read), in row blocks that stay in cache.
+
+        Sums run in float64, exact for 8/16-bit values (every partial sum is an integer below 2**53), so
+        the result is the one the band-major path gives.
+        """
+        npx = p.shape[0]
+        self.pixels += npx
+        nd = self.nodata
+        use_nd = nd is not None and not math.isnan(nd) and _fits(nd, p.dtype)
+        lo, hi = np.iinfo(p.dtype).min, np.iinfo(p.dtype).max
+        valid = np.zeros(self.n, dtype=np.int64)
+        mn = np.full(self.n, hi, dtype=p.dtype)
+        mx = np.full(self.n, lo, dtype=p.dtype)
+        total = np.zeros(self.n, dtype=np.float64)
+        sq = np.zeros(self.n, dtype=np.float64)
+        buf = np.empty((rows, self.n), dtype=np.float64)
+        for r0 in range(0, npx, rows):
+            b = p[r0 : r0 + rows]
+            f = buf[: b.shape[0]]
+            np.copyto(f, b)
+            invalid = (b == p.dtype.type(nd)) if use_nd else None
+            if invalid is not None and invalid.any():
+                valid += b.shape[0] - invalid.sum(axis=0)
+                np.minimum(mn, np.where(invalid, hi, b).min(axis=0), out=mn)
+                np.maximum(mx, np.where(invalid, lo, b).max(axis=0), out=mx)
+                f[invalid] = 0.0
+            else:
+                valid += b.shape[0]
+                np.minimum(mn, b.min(axis=0), out=mn)
+                np.maximum(mx, b.max(axis=0), out=mx)
+            total += f.sum(axis=0)
+            sq += np.einsum("ij,ij->j", f, f)
+        has = valid > 0
+        self.valid += valid
+        self.min[has] = np.minimum(self.min[has], mn[has])
+        self.max[has] = np.maximum(self.max[has], mx[has])
+        self.sum += total
+        self.sumsq += sq
 
     def merge(self, other: ScanStats) -> None:
         self.pixels += other.pixels

