@@ -88,10 +88,10 @@ class BatchCutter:
                             for src, b in zip(self.sources, self._bands, strict=True)]
         warm(src.dtype for src in self.sources)
 
-    def _affine(self, norm_params: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per scene: ``gain (scene, band)``, ``offset (scene, band)`` and ``fill (scene,)`` taking stored values
-        to the output (CF scale/offset and normalisation folded into one multiply-add); fill NaN = none."""
-        gains, offs, fills = [], [], []
+    def _affine(self, norm_params: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Per scene: ``gain (scene, band)`` and ``offset (scene, band)`` taking stored values to the output
+        (CF scale/offset and normalisation folded into one multiply-add)."""
+        gains, offs = [], []
         for i, src in enumerate(self.sources):
             n = self.n_bands
             g = np.full(n, src.scale, np.float64)
@@ -101,8 +101,7 @@ class BatchCutter:
                 g, o = g / norm[1], (o - norm[0]) / norm[1]
             gains.append(g)
             offs.append(o)
-            fills.append(np.nan if src.fill_value is None else src.fill_value)
-        return (np.stack(gains).astype(np.float32), np.stack(offs).astype(np.float32), np.array(fills, np.float64))
+        return np.stack(gains).astype(np.float32), np.stack(offs).astype(np.float32)
 
     def cut(self, plan: EpochPlan, et: EpochTable, lo: int, hi: int, chunks: list[tuple[int, int]],
             reader: ChunkReader, metrics: LoaderMetrics, spectral: Spectral) -> dict[str, Any]:
@@ -184,6 +183,7 @@ class BatchCutter:
         bad = outside * x.shape[1]
         x[np.flatnonzero(outside)] = fill
         used = 0
+        gain, off = self._affine_params
         for key, plist in by_chunk.items():
             arr = reader.get(key)
             pieces = np.array(plist, np.int64)
@@ -192,7 +192,6 @@ class BatchCutter:
                 continue
             s = key[0]
             bands = self._band_index[s]
-            gain, off, _ = self._affine_params
             cut_chunk(arr, bands, x, pieces, gain[s], off[s], self.sources[s].fill_value, reader.has_fill(key), fill, bad)
             pixels = int(((pieces[:, 2] - pieces[:, 1]) * (pieces[:, 4] - pieces[:, 3])).sum())
             used += pixels * bands.size * arr.itemsize
