@@ -276,8 +276,9 @@ class ChunkReader:
     def _spare_buffer(self, nbytes: int) -> np.ndarray | None:
         """An evicted chunk's memory (as bytes) nobody refers to any more, or ``None``."""
         with self._lock:
-            for i, a in enumerate(self._spare):
-                # 3 = the list, the loop variable, getrefcount's argument: no batch still reads a view of it
+            for i in range(len(self._spare)):  # not enumerate(): its reused result tuple holds one more reference
+                a = self._spare[i]
+                # 3 = the list, ``a``, getrefcount's argument: no batch still reads a view of it
                 if a.nbytes == nbytes and sys.getrefcount(a) <= 3:
                     del self._spare[i]
                     root = a
