@@ -33,6 +33,7 @@ from cubelake.storage import Store, is_throttle, object_at
 from .adaptive import AimdController, Gate
 from .cache import DiskCache, Range, coalesce
 from .hedge import hedge_delay, hedged
+from .kernels import holds_fill
 from .metrics import LoaderMetrics
 from .sources import ChunkSource, Piece
 
@@ -88,17 +89,6 @@ class ReaderConfig:
             raise ConfigError(f"hedge_quantile={self.hedge_quantile!r}: a quantile in (0, 1], e.g. 0.95")
         if not self.slowdown_s >= 0:
             raise ConfigError(f"slowdown_s={self.slowdown_s!r}: seconds >= 0")
-
-
-def _has_fill(arr: np.ndarray, fill: float | None) -> bool:
-    """Whether ``arr`` holds a NaN (floats) or the ``fill`` value."""
-    if arr.dtype.kind == "f":
-        return bool(np.isnan(arr).any()) or (fill is not None and np.isfinite(fill) and bool((arr == fill).any()))
-    if fill is None or not np.isfinite(fill):
-        return False
-    # one reduction, no 16 MiB temporary: fill values usually sit at the type's edge (-32768, 0, -9999)
-    lo, hi = arr.min(), arr.max()
-    return bool(lo <= fill <= hi) and bool((arr == np.asarray(fill).astype(arr.dtype)).any())
 
 
 def _describe(error: BaseException) -> str:
@@ -504,7 +494,7 @@ class ChunkReader:
         dt = time.perf_counter() - t0
         # whether any pixel is nodata: found here, on the decode threads, so batches cut from
         # all-valid chunks (most of a scene) skip the masking pass on the consumer's side
-        has_fill = _has_fill(arr, src.fill_value)
+        has_fill = holds_fill(arr, src.fill_value)
         with self._lock:
             self._has_fill[key] = has_fill
             again = key in self._decoded

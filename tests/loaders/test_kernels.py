@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cubelake.loaders.kernels import cut_chunk, stored_fill
+from cubelake.loaders.kernels import cut_chunk, holds_fill, stored_fill
 
 
 def _oracle(chunk: np.ndarray, bands: np.ndarray, shape: tuple[int, ...], pieces: np.ndarray, gain: np.ndarray,
@@ -74,3 +74,32 @@ def test_fill_values_a_stored_type_cannot_hold_never_match() -> None:
               np.zeros(1, np.float32), -9999, True, np.nan, bad)
     assert bad[0] == 0
     assert (out == 55537).all()
+
+
+def _holds_oracle(chunk: np.ndarray, fill_value: float | None) -> bool:
+    """Plainly: a NaN in a float chunk, or a value equal to the fill as the stored type holds it."""
+    f = stored_fill(fill_value, chunk.dtype)
+    nan = chunk.dtype.kind == "f" and bool(np.isnan(chunk).any())
+    return nan or (f == f and bool((chunk.astype(np.float64) == f).any()))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint16", "int16", "int32", "uint32", "float32", "float64"])
+def test_holds_fill_equals_the_plain_test_for_every_stored_type(dtype: str) -> None:
+    rng = np.random.default_rng(5)
+    dt = np.dtype(dtype)
+    base = rng.integers(10, 100, (3, 41, 67)).astype(dt)  # 8,241 values: two full blocks of 4,096 and a tail
+    cases: list[tuple[np.ndarray, float | None]] = [(base, None), (base, float("nan")), (base, 5), (base, 1e12),
+                                                     (base, 5.5), (base, int(base[1, 2, 3]))]
+    for at in (0, 4095, 4096, base.size - 1):  # first value, either side of a block edge, last value
+        hit = base.copy()
+        hit.reshape(-1)[at] = 7
+        cases += [(hit, 7), (hit, 7.0), (hit, 8)]
+        if dt.kind == "f":
+            nan = base.copy()
+            nan.reshape(-1)[at] = np.nan
+            cases += [(nan, None), (nan, 7)]
+    cases.append((base[:, ::2, 1:], int(base[0, 2, 1])))  # a strided view
+    for chunk, fill in cases:
+        assert holds_fill(chunk, fill) is _holds_oracle(chunk, fill), (dtype, fill, chunk.shape)
+    assert holds_fill(base, 7) is False
+    assert holds_fill(base, int(base[1, 2, 3])) is True
