@@ -118,6 +118,13 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
+    def env(self, tmp: Path) -> dict[str, str]:
+        """The conventional variables a user sets for an S3-compatible endpoint, plus cubelake's cache and
+        staging folders under ``tmp`` (for ``run_cli(..., env=...)``, which adds them to ``os.environ``)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "CUBELAKE_CACHE": str(tmp / "cache"),
+                "CUBELAKE_STAGING": str(tmp / "staging")}
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:

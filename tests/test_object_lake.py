@@ -33,10 +33,8 @@ PRODUCTS = ("cog", "zarr", "refs")
 
 
 def s3_env(server: S3Server, cache: Path) -> dict[str, str]:
-    """The conventional variables a user sets for an S3-compatible endpoint."""
-    return {**os.environ, "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true",
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-            "CUBELAKE_CACHE": str(cache)}
+    """The user's variables for the test server (:meth:`S3Server.env`), with ``cache`` as cubelake's cache."""
+    return {**os.environ, **server.env(cache.parent), "CUBELAKE_CACHE": str(cache)}
 
 
 @pytest.fixture(autouse=True)
@@ -491,7 +489,7 @@ def test_geotiff_sources_on_s3_ingest_like_local_files(lakes: Lakes, s3_bucket: 
     client.put_object(Bucket=s3_bucket, Key="archive/notes.txt", Body=b"sidecar text")
     client.put_object(Bucket=s3_bucket, Key="archive/cube.nc", Body=b"\x89HDF\r\n\x1a\n" + b"\0" * 4088)
     client.put_object(Bucket=s3_bucket, Key="archive/scene.jp2", Body=b"\0\0\0\x0cjP  \r\n\x87\n" + b"\0" * 64)
-    env = s3_env(lakes.server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
+    env = s3_env(lakes.server, tmp_path / "cache")  # staging in tmp_path / "staging"
     lake = tmp_path / "from-s3"
     res = run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr,refs", f"s3://{s3_bucket}/archive/", env=env)
     out = " ".join(no_traceback(res).split())
@@ -658,7 +656,7 @@ def test_envi_and_landsat_sources_on_s3_ingest_like_local_files(s3_server: S3Ser
     local = Lake(tmp_path / "local")
     done = ingest([AVIRIS_HDR, REAL / "landsat5_tm_rstoolbox", L8_MTL], local, IngestOptions(products=("zarr",)))
     assert [r.outcome for r in done] == [Outcome.INGESTED] * 3, [r.message for r in done]
-    env = s3_env(s3_server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging")}
+    env = s3_env(s3_server, tmp_path / "cache")  # staging in tmp_path / "staging"
     lake = tmp_path / "from-s3"
     base = f"s3://{s3_bucket}/sets"
     cmd = ("ingest", "--lake", str(lake), "--products", "zarr", "--format", "json")

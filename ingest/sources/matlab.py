@@ -13,6 +13,7 @@ read window by window through h5py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -134,26 +135,15 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
              max_bytes: int | None = None) -> MatSource:
     """Open a MATLAB cube; raises :class:`SceneReadError` (with the reason) when there is none."""
     import h5py  # scipy and h5py are imported when a .mat file is opened (~0.2 s otherwise on every start)
-    import scipy.io
 
     v73 = is_mat_v73(path)
-    issues: list[Issue] = []
     h5: h5py.File | None = None
     if v73:
         h5, vars_ = _open_v73(path)
     else:
         vars_ = _list_v5(path)
     try:
-        # scalars and small arrays are cheap to load (nRow/nCol, label maps); the cube is loaded last
-        small_names = [v.name for v in vars_ if int(np.prod(v.shape)) <= 16 * 1024 * 1024 and len(v.shape) < 3]
-        if v73:
-            assert h5 is not None
-            small = {n: np.asarray(h5[n]).T for n in small_names}
-        else:
-            try:
-                small = scipy.io.loadmat(str(path), variable_names=small_names) if small_names else {}
-            except Exception as exc:  # scipy raises bare errors on damaged files
-                raise SceneReadError(f"{path}: not a readable MATLAB v5 file: {exc}") from exc
+        small = _load_small(path, h5, vars_)
         scalars = {k: s for k, v in small.items() if not k.startswith("__") and (s := _scalar(v)) is not None}
         grid = _grid_size(scalars)
         cube = _pick_cube(vars_, variable, path, grid)
@@ -167,63 +157,71 @@ def open_mat(path: Path, *, variable: str | None = None, axes: Axes | None = Non
         if axes is None:
             axes = _detect_axes(cube.shape, grid, small, cube.name)
         if len(cube.shape) == 2:
-            if grid is None:
-                raise NoCubeError(
-                    f"{path}: {cube.name!r} is 2-D {cube.shape} but the file has no nRow/nCol scalars to unfold "
-                    "it into (y, x, band); store the cube as (y, x, band)"
-                )
-            arr = small[cube.name] if cube.name in small else _load_full(path, h5, cube.name)
-            if axes == "pb":
-                arr = arr.T
-            if arr.shape[1] != grid[0] * grid[1]:
-                raise SceneReadError(
-                    f"{path}: {cube.name!r} has {arr.shape[1]} pixels but nRow x nCol = {grid[0]}x{grid[1]}"
-                )
-            # MATLAB stores the pixels of each band column-major
-            data = arr.reshape(arr.shape[0], grid[1], grid[0]).transpose(0, 2, 1)
-            nb, ny, nx = data.shape
-            dtype = data.dtype
-            get = _numpy_getter(data)
+            (nb, ny, nx), dtype, get = _unfold(path, h5, cube, small, grid, axes)
         else:
-            perm = {"yxb": (2, 0, 1), "xyb": (2, 1, 0), "byx": (0, 1, 2), "bxy": (0, 2, 1)}.get(axes)
-            if perm is None:
-                raise SceneReadError(f"{path}: axes {axes!r} do not fit a 3-D cube; use yxb, xyb, byx or bxy")
-            nb, ny, nx = (cube.shape[p] for p in perm)
-            if v73:
-                assert h5 is not None
-                dtype = h5[cube.name].dtype
-                get = _h5_getter(h5[cube.name], perm)
-            else:
-                data = _load_full(path, None, cube.name).transpose(perm)
-                dtype = data.dtype
-                get = _numpy_getter(data)
-        labels, label_issues = find_label_map(small, cube.name, (ny, nx), labels_variable, path)
-        issues.extend(label_issues)
-        issues.append(
-            warning(
-                Code.NOT_GEOREFERENCED,
-                "MATLAB files carry no georeferencing; the product uses a pixel grid (x, y = pixel centres)",
-            )
-        )
-        meta = SceneMetadata(
-            path=str(path),
-            files=(str(path),),
-            format="MAT-v7.3" if v73 else "MAT-v5",
-            count=nb,
-            height=ny,
-            width=nx,
-            dtype=np.dtype(dtype).name,
-            bands=tuple(BandInfo(i + 1) for i in range(nb)),
-            block_shape=(ny, nx),
-            tags={"variable": cube.name, "axes": axes},
-            georeferenced=False,
-            issues=tuple(issues),
-        )
+            (nb, ny, nx), dtype, get = _cube_3d(path, h5, cube, axes)
+        labels, issues = find_label_map(small, cube.name, (ny, nx), labels_variable, path)
+        meta = _metadata(path, v73, (nb, ny, nx), dtype, cube.name, axes, issues)
     except BaseException:
         if h5 is not None:
             h5.close()
         raise
     return MatSource(meta, get, labels, close=h5.close if h5 is not None else None)
+
+
+def _load_small(path: Path, h5: Any, vars_: list[_Var]) -> dict[str, Any]:
+    """Scalars and small 2-D arrays (nRow/nCol, label maps), cheap to load; the cube is loaded last."""
+    import scipy.io
+
+    names = [v.name for v in vars_ if int(np.prod(v.shape)) <= 16 * 1024 * 1024 and len(v.shape) < 3]
+    if h5 is not None:
+        return {n: np.asarray(h5[n]).T for n in names}
+    try:
+        return scipy.io.loadmat(str(path), variable_names=names) if names else {}
+    except Exception as exc:  # scipy raises bare errors on damaged files
+        raise SceneReadError(f"{path}: not a readable MATLAB v5 file: {exc}") from exc
+
+
+def _unfold(path: Path, h5: Any, cube: _Var, small: dict[str, Any], grid: tuple[int, int] | None,
+            axes: Axes) -> tuple[tuple[int, int, int], np.dtype[Any], Callable[..., np.ndarray]]:
+    """A 2-D bands x pixels (or pixels x bands) array unfolded onto the nRow x nCol grid."""
+    if grid is None:
+        raise NoCubeError(
+            f"{path}: {cube.name!r} is 2-D {cube.shape} but the file has no nRow/nCol scalars to unfold "
+            "it into (y, x, band); store the cube as (y, x, band)"
+        )
+    arr = small[cube.name] if cube.name in small else _load_full(path, h5, cube.name)
+    if axes == "pb":
+        arr = arr.T
+    if arr.shape[1] != grid[0] * grid[1]:
+        raise SceneReadError(f"{path}: {cube.name!r} has {arr.shape[1]} pixels but nRow x nCol = {grid[0]}x{grid[1]}")
+    # MATLAB stores the pixels of each band column-major
+    data = arr.reshape(arr.shape[0], grid[1], grid[0]).transpose(0, 2, 1)
+    return data.shape, data.dtype, _numpy_getter(data)
+
+
+def _cube_3d(path: Path, h5: Any, cube: _Var,
+             axes: Axes) -> tuple[tuple[int, int, int], np.dtype[Any], Callable[..., np.ndarray]]:
+    """A 3-D cube as (band, y, x): read lazily from HDF5 (v7.3), loaded whole from a v5 file."""
+    perm = {"yxb": (2, 0, 1), "xyb": (2, 1, 0), "byx": (0, 1, 2), "bxy": (0, 2, 1)}.get(axes)
+    if perm is None:
+        raise SceneReadError(f"{path}: axes {axes!r} do not fit a 3-D cube; use yxb, xyb, byx or bxy")
+    shape = (cube.shape[perm[0]], cube.shape[perm[1]], cube.shape[perm[2]])
+    if h5 is not None:
+        return shape, h5[cube.name].dtype, _h5_getter(h5[cube.name], perm)
+    data = _load_full(path, None, cube.name).transpose(perm)
+    return data.shape, data.dtype, _numpy_getter(data)
+
+
+def _metadata(path: Path, v73: bool, shape: tuple[int, int, int], dtype: Any, variable: str, axes: Axes,
+              issues: list[Issue]) -> SceneMetadata:
+    nb, ny, nx = shape
+    note = warning(Code.NOT_GEOREFERENCED,
+                   "MATLAB files carry no georeferencing; the product uses a pixel grid (x, y = pixel centres)")
+    return SceneMetadata(path=str(path), files=(str(path),), format="MAT-v7.3" if v73 else "MAT-v5", count=nb,
+                         height=ny, width=nx, dtype=np.dtype(dtype).name, bands=tuple(BandInfo(i + 1) for i in range(nb)),
+                         block_shape=(ny, nx), tags={"variable": variable, "axes": axes}, georeferenced=False,
+                         issues=(*issues, note))
 
 
 def _detect_axes(shape: tuple[int, ...], grid: tuple[int, int] | None, small: dict[str, Any], cube: str) -> Axes:

@@ -419,9 +419,7 @@ def test_a_delivery_on_s3_is_read_in_place_and_equals_the_local_ingest(s3_server
     client = s3_server.client()
     for f in sorted(d.folder.iterdir()):
         client.upload_file(str(f), s3_bucket, f"deliveries/{d.folder.name}/{f.name}")
-    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "CUBELAKE_CACHE": str(tmp_path / "c"),
-           "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    env = s3_server.env(tmp_path)
     local, remote = tmp_path / "local", tmp_path / "remote"
     assert run_cli("ingest", str(d.folder), "--lake", str(local), "--products", "zarr").returncode == 0
     res = run_cli("ingest", f"s3://{s3_bucket}/deliveries/", "--lake", str(remote), "--products", "zarr",

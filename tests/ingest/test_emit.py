@@ -152,9 +152,7 @@ def test_a_granule_on_s3_is_read_in_place_and_equals_the_local_ingest(s3_server:
                                                                       tmp_path: Path) -> None:
     g = write_emit(tmp_path / NAME)
     s3_server.client().upload_file(str(g.path), s3_bucket, f"emit/{NAME}")
-    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "CUBELAKE_CACHE": str(tmp_path / "c"),
-           "CUBELAKE_STAGING": str(tmp_path / "staging")}
+    env = s3_server.env(tmp_path)
     local, remote = tmp_path / "local", tmp_path / "remote"
     assert run_cli("ingest", str(g.path), "--lake", str(local), "--products", "zarr").returncode == 0
     res = run_cli("ingest", f"s3://{s3_bucket}/emit/", "--lake", str(remote), "--products", "zarr", env=env)
