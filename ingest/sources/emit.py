@@ -134,7 +134,9 @@ def open_emit(path: str | os.PathLike[str], h5: Any, variable: str) -> LockedSou
         width=width, dtype=cube.dtype.name, crs_wkt=wkt, crs_epsg=epsg_of_wkt(wkt),
         transform=(gt[1], gt[2], gt[0], gt[4], gt[5], gt[3]),
         nodata=float(np.asarray(fill).ravel()[0]) if fill is not None else -9999.0, bands=bands,
-        block_shape=(cube.chunks[0], cube.chunks[1]) if cube.chunks else (n_down, n_cross),
+        # the map grid has no native blocks (each window is gathered from the swath through the GLT): one
+        # block, so a failure is reported by its rows and columns, not by swath-chunk numbers it does not have
+        block_shape=(height, width),
         interleave="bip",
         datetime=iso_utc(attr_text(h5, "time_coverage_start", str(path), product=what, required=False),
                          "time_coverage_start"),

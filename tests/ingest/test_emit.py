@@ -33,6 +33,7 @@ def test_l2a_metadata_comes_from_the_granule(tmp_path: Path) -> None:
     m = src.meta
     assert m.format == "EMIT-L2A"
     assert m.shape == (16, *g.glt_x.shape)  # the map grid, not the swath
+    assert m.block_shape == g.glt_x.shape  # no native blocks on the map grid (not the swath's 16 x 30 chunks)
     np.testing.assert_allclose(m.wavelengths_nm, g.wavelengths, rtol=1e-6)
     np.testing.assert_allclose(m.fwhm_nm, g.fwhm, rtol=1e-6)
     assert g.good is not None
