@@ -129,7 +129,6 @@ class ChunkReader:
         self._pinned: set[ChunkKey] = set()
         self._due: dict[ChunkKey, int] = {}  # pinned chunks' next use in the epoch (see request)
         self._inflight: dict[ChunkKey, Future[np.ndarray]] = {}
-        self._queued: dict[ChunkKey, list[ChunkKey]] = {}  # groups submitted that no thread has started: key -> group
         self._held = 0  # bytes of decoded chunks in _mem
         self._reserved = 0  # bytes of chunks in flight
         self._decoded: set[ChunkKey] = set()
@@ -226,13 +225,9 @@ class ChunkReader:
                 self._fail(k, e)
         for n, group in enumerate(groups):
             try:
-                with self._lock:
-                    self._queued.update((k, group) for k in group)
-                self._pool.submit(self._run_queued, group)
+                self._pool.submit(self._load_group, group)
             except RuntimeError as e:  # the pool was shut down (the dataset closed): nobody will load the rest
                 for k in (k for g in groups[n:] for k in g):
-                    with self._lock:
-                        self._queued.pop(k, None)
                     self._fail(k, e)
                 break
 
@@ -252,36 +247,9 @@ class ChunkReader:
                     raise ChunkReadError(failed)
                 return None
             if fut is not None:
-                self._claim(key)  # nobody started it: the consumer decodes it instead of waiting
                 return self._wait(fut)
             self.request([key])
         return None
-
-    def _run_queued(self, group: list[ChunkKey]) -> None:
-        with self._lock:
-            mine = self._queued.get(group[0]) is group
-            if mine:
-                for k in group:
-                    del self._queued[k]
-        if mine:
-            self._load_group(group)
-
-    def _claim(self, key: ChunkKey) -> bool:
-        """Load ``key``'s group on this thread if no pool thread has started it; whether it did.
-
-        A consumer about to wait for a chunk still queued behind others works instead: in a DataLoader
-        worker (one decode thread) the cutting thread otherwise sat idle while its chunks queued, and
-        cores went unused in the first epoch."""
-        with self._lock:
-            group = self._queued.get(key)
-            if group is None:
-                return False
-            for k in group:
-                del self._queued[k]
-        t0 = time.perf_counter()
-        self._load_group(group)
-        self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
-        return True
 
     def _wait(self, fut: Future[np.ndarray]) -> np.ndarray | None:
         self.metrics.add(cache_misses=1)
