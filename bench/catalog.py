@@ -4,10 +4,14 @@ One run, one set of items, one set of queries, for both sides:
 
 1. ``--items`` synthetic STAC 1.1 items (``bench/catalog_synth.py``: six sensor collections over
    the globe and 2015-2024, 7 to 425 bands each, ~3 % crossing the antimeridian; seeded, made
-   lazily and made again for each consumer, so no side holds all items as dicts).
+   again for each consumer: lazily for the baseline, all before the timed pass for cubelake).
 2. **cubelake**: ``CatalogIndex(db).insert_items(items, batch_size)`` then ``analyze()`` (as
-   ``cubelake catalog reindex`` does); timed, with the time spent generating items measured
-   inside the same pass and reported apart, so items/s is the index's own rate.
+   ``cubelake catalog reindex`` does); timed. The items are generated first, timed and reported
+   apart, and held in memory (~3 GB at 1M items; the garbage collector frozen over them, so it
+   does not walk them): ``insert_items`` writes each batch on a thread of its own while it reads
+   the next, so generation inside the timed pass would overlap index work and its time could not
+   be subtracted. items/s is the index's own rate. ``--stream-items`` generates them inside the
+   pass instead (timed apart), as runs before the writer thread did (honest only for serial writing).
 3. **baseline**: the same items written with ``stac_geoparquet.arrow`` (``parse_stac_items_to_arrow``
    + ``to_parquet``, ``--parquet-chunk`` items per row group; ~80 % of its time is
    stac-geoparquet's deep copy of every input dict), timed the same way. Searched by
@@ -31,6 +35,7 @@ Before the run, the baseline's wavelength rule is checked against cubelake's own
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import os
@@ -117,23 +122,35 @@ def _remove_db(db: Path) -> None:
 
 
 # -- building -----------------------------------------------------------------------------------
-def build_index(db: Path, n: int, seed: int, time_ordered: bool, batch_size: int) -> dict[str, Any]:
+def build_index(db: Path, n: int, seed: int, time_ordered: bool, batch_size: int,
+                stream: bool = False) -> dict[str, Any]:
     _remove_db(db)
     gen = TimedIter(synthetic_items(n, seed, time_ordered=time_ordered))
-    idx = CatalogIndex(db)
-    t0, c0 = time.perf_counter(), time.process_time()
-    count = idx.insert_items(gen, batch_size=batch_size)
-    t1, c1 = time.perf_counter(), time.process_time()
-    idx.analyze()
-    t2 = time.perf_counter()
+    items: Iterator[dict[str, Any]] | list[dict[str, Any]] = gen
+    if not stream:  # generated before the timed pass (see the module docstring)
+        items = list(gen)
+        gc.collect()
+        gc.freeze()
+    try:
+        idx = CatalogIndex(db)
+        t0, c0 = time.perf_counter(), time.process_time()
+        count = idx.insert_items(items, batch_size=batch_size)
+        t1, c1 = time.perf_counter(), time.process_time()
+        idx.analyze()
+        t2 = time.perf_counter()
+    finally:
+        del items
+        gc.unfreeze()
     idx.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     indexed = len(idx)
     idx.close()
     if count != n or indexed != n:
         raise SystemExit(f"cubelake indexed {count} items ({indexed} in the index), expected {n}")
-    return {"insert": _rates(n, t1 - t0, gen.seconds, c1 - c0, gen.cpu_seconds), "analyze_s": t2 - t1,
-            "build_items_per_s": n / (t2 - t0 - gen.seconds), "batch_size": batch_size,
-            "bytes": _db_bytes(db)}
+    # wall/CPU of generation and insertion together, as for a streamed pass: net_s is the insertion alone
+    extra, extra_cpu = (0.0, 0.0) if stream else (gen.seconds, gen.cpu_seconds)
+    return {"insert": _rates(n, t1 - t0 + extra, gen.seconds, c1 - c0 + extra_cpu, gen.cpu_seconds),
+            "analyze_s": t2 - t1, "build_items_per_s": n / (t2 - t0 - (gen.seconds if stream else 0.0)),
+            "batch_size": batch_size, "items": "streamed" if stream else "in memory", "bytes": _db_bytes(db)}
 
 
 def build_parquet(path: Path, n: int, seed: int, time_ordered: bool, chunk: int) -> dict[str, Any]:
@@ -298,6 +315,8 @@ def main() -> None:
     ap.add_argument("--order", choices=("time", "random"), default="time",
                     help="item order (both sides): datetimes increasing with the item index, or i.i.d.")
     ap.add_argument("--batch-size", type=int, default=10_000, help="cubelake insert_items batch (transaction) size")
+    ap.add_argument("--stream-items", action="store_true",
+                    help="cubelake: generate the items inside the timed pass (timed apart) instead of before it")
     ap.add_argument("--parquet-chunk", type=int, default=5000,
                     help="items per stac-geoparquet record batch = parquet row group (library default 65,536)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/cubelake-bench-catalog"))
@@ -325,7 +344,7 @@ def main() -> None:
         doc["cubelake"]["build"] = None
     else:
         print(f"cubelake: indexing {n:,} items into {db} ...", flush=True)
-        doc["cubelake"]["build"] = build_index(db, n, a.seed, time_ordered, a.batch_size)
+        doc["cubelake"]["build"] = build_index(db, n, a.seed, time_ordered, a.batch_size, a.stream_items)
         b = doc["cubelake"]["build"]
         print(f"  {b['insert']['items_per_s']:,.0f} items/s ({b['insert']['net_s']:.1f} s + analyze "
               f"{b['analyze_s']:.1f} s; generating the items took {b['insert']['generation_s']:.1f} s more); "
