@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,12 @@ import rasterio
 from rasterio.transform import from_origin
 
 from cubelake.lake import Lake
+
+# A suite started in the background of a non-interactive shell (`cmd &` in a script) inherits
+# SIGINT ignored, as POSIX has it, and so would every process it starts: Ctrl-C could not reach
+# them. The Ctrl-C tests need it delivered as from a terminal, here and in the CLI processes.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 
