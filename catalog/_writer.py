@@ -37,7 +37,7 @@ from cubelake.errors import CatalogError, CorruptIndexError
 from ._bandsets import BandSet
 
 __all__ = ["BatchPlan", "BatchWriter", "Box", "Rows", "connect", "delete_rows", "index_error", "morton_order",
-           "plan_batch", "rowids_of", "transaction", "write_plan", "write_rows"]
+           "param_limit", "plan_batch", "rowids_of", "transaction", "write_plan", "write_rows"]
 
 _MMAP_BYTES = 16 * 1024**3  # address space only; the OS pages in what searches touch
 _CACHE_KIB = 64 * 1024  # searches read pages at random: keep 64 MiB of them
@@ -127,7 +127,8 @@ def transaction(db: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connecti
 
 
 # -- statements of many rows -----------------------------------------------------------------------------
-def _limit(db: sqlite3.Connection) -> int:
+def param_limit(db: sqlite3.Connection) -> int:
+    """SQLite's limit on parameters per statement for ``db``."""
     return int(db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
 
@@ -143,7 +144,7 @@ def _in(n: int) -> str:
 def rowids_of(db: sqlite3.Connection, ids: Sequence[str]) -> list[int]:
     """The rowids of those of ``ids`` that the index holds."""
     out: list[int] = []
-    per = _per(_limit(db), 1)
+    per = _per(param_limit(db), 1)
     for k in range(0, len(ids), per):
         part = list(ids[k:k + per])
         out += [r for (r,) in db.execute(f"SELECT rowid FROM items WHERE id {_in(len(part))}", part)]
@@ -152,7 +153,7 @@ def rowids_of(db: sqlite3.Connection, ids: Sequence[str]) -> list[int]:
 
 def delete_rows(db: sqlite3.Connection, rowids: Sequence[int]) -> None:
     """Remove items and every row that refers to them (their band sets stay: others may share them)."""
-    per = _per(_limit(db), 2)
+    per = _per(param_limit(db), 2)
     for k in range(0, len(rowids), per):
         part = list(rowids[k:k + per])
         db.execute(f"DELETE FROM items_rtree WHERE id {_in(2 * len(part))}", [i for r in part for i in (r * 2, r * 2 + 1)])
@@ -249,7 +250,7 @@ def plan_batch(rows: Sequence[Rows], limit: int) -> BatchPlan:
 def band_set_ids(db: sqlite3.Connection, sets: list[BandSet]) -> dict[bytes, int]:
     """Each band set's id in this index (added, with its coverage, where missing); in a transaction."""
     out: dict[bytes, int] = {}
-    per = _per(_limit(db), 1)
+    per = _per(param_limit(db), 1)
     for k in range(0, len(sets), per):
         part = [bs.digest for bs in sets[k:k + per]]
         out.update(db.execute(f"SELECT digest, id FROM band_sets WHERE digest {_in(len(part))}", part))
@@ -258,7 +259,7 @@ def band_set_ids(db: sqlite3.Connection, sets: list[BandSet]) -> dict[bytes, int
             bid = int(db.execute("INSERT INTO band_sets(digest, names, center_nm, fwhm_nm) VALUES (?,?,?,?)",
                                  bs.row).lastrowid or 0)
             for st in _values("INSERT OR IGNORE INTO band_coverage", "column1, column2, column3", 3,
-                              [v for lo, hi in bs.coverage for v in (bid, lo, hi)], _limit(db)):
+                              [v for lo, hi in bs.coverage for v in (bid, lo, hi)], param_limit(db)):
                 db.execute(st.sql, st.params)
             out[bs.digest] = bid
     return out
@@ -284,7 +285,7 @@ def write_plan(db: sqlite3.Connection, plan: BatchPlan) -> None:
 
 def write_rows(db: sqlite3.Connection, rows: Sequence[Rows]) -> None:
     """Insert (or replace) items with distinct ids; in a transaction (see :func:`transaction`)."""
-    write_plan(db, plan_batch(rows, _limit(db)))
+    write_plan(db, plan_batch(rows, param_limit(db)))
 
 
 def _spread16(v: np.ndarray) -> np.ndarray:

@@ -73,6 +73,7 @@ from ._writer import (
     delete_rows,
     index_error,
     is_corrupt,
+    param_limit,
     plan_batch,
     rowids_of,
     transaction,
@@ -484,7 +485,7 @@ class CatalogIndex:
     def _insert_batches(self, items: Iterable[dict[str, Any]], batch_size: int,
                         href: Callable[[dict[str, Any]], str | None] | None) -> int:
         writer = self._batch_writer()
-        limit = self._try(lambda: int(self.db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)))
+        limit = param_limit(self.db)
 
         def write(rows: list[Rows]) -> None:
             if writer is None:

@@ -115,12 +115,26 @@ def test_a_bulk_insert_into_a_full_index_replaces_as_upserts_do(tmp_path: Path) 
             assert bulk.search(q) == one.search(q), q
 
 
-def test_an_in_memory_index_is_written_from_the_calling_thread() -> None:
+def _writers_seen(items: list[dict[str, Any]], seen: list[int]) -> Iterator[dict[str, Any]]:
+    """The items, noting how many writer threads run each time one is read."""
+    for it in items:
+        seen.append(len(_writer_threads()))
+        yield it
+
+
+def test_an_in_memory_index_is_written_from_the_calling_thread(tmp_path: Path) -> None:
     items = _items(30)
+    seen: list[int] = []
     with CatalogIndex(":memory:") as idx:
-        assert idx.insert_items(items, batch_size=4) == len(items)
+        assert idx.insert_items(_writers_seen(items, seen), batch_size=4) == len(items)
         assert len(idx) == 30
         assert idx.holds(items[-1], None)
+    assert len(seen) == len(items)
+    assert max(seen) == 0
+    seen.clear()  # while a file index is loaded, its writer thread runs
+    with CatalogIndex(tmp_path / "i.sqlite") as idx:
+        idx.insert_items(_writers_seen(items, seen), batch_size=4)
+    assert max(seen) == 1
 
 
 def test_statements_split_where_sqlite_allows_few_parameters(tmp_path: Path) -> None:
