@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import random
-import sys
 import threading
 import time
 import warnings
@@ -31,6 +30,7 @@ from cubelake.errors import ConfigError, CubelakeError
 from cubelake.storage import Store, is_throttle, object_at
 
 from .adaptive import AimdController, Gate
+from .buffers import ChunkBuffers, root
 from .cache import DiskCache, Range, coalesce
 from .hedge import hedge_delay, hedged
 from .kernels import holds_fill
@@ -134,7 +134,7 @@ class ChunkReader:
         self._decoded: set[ChunkKey] = set()
         self._failed: dict[ChunkKey, str] = {}
         self._has_fill: dict[ChunkKey, bool] = {}
-        self._spare: list[np.ndarray] = []  # evicted chunks, reused as decode buffers
+        self._buffers = ChunkBuffers()  # decode buffers: evicted chunks' memory is reused
         self._stores: dict[str, tuple[Store, str]] = {}
 
     # -- epoch --------------------------------------------------------------------------------------
@@ -179,8 +179,7 @@ class ChunkReader:
                 return
             a = self._mem.pop(k)
             self._held -= a.nbytes
-            if len(self._spare) < 4:
-                self._spare.append(a)
+            self._buffers.give(a)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -262,20 +261,6 @@ class ChunkReader:
             return None
         finally:
             self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
-
-    def _spare_buffer(self, nbytes: int) -> np.ndarray | None:
-        """An evicted chunk's memory (as bytes) nobody refers to any more, or ``None``."""
-        with self._lock:
-            for i in range(len(self._spare)):  # not enumerate(): its reused result tuple holds one more reference
-                a = self._spare[i]
-                # 3 = the list, ``a``, getrefcount's argument: no batch still reads a view of it
-                if a.nbytes == nbytes and sys.getrefcount(a) <= 3:
-                    del self._spare[i]
-                    root = a
-                    while isinstance(root.base, np.ndarray):
-                        root = root.base
-                    return root.reshape(-1).view(np.uint8) if root.flags.c_contiguous and root.nbytes == nbytes else None
-        return None
 
     def has_fill(self, key: ChunkKey) -> bool:
         """Whether the decoded chunk holds any nodata (or NaN) pixel; ``True`` when unknown."""
@@ -481,9 +466,13 @@ class ChunkReader:
         t0 = time.perf_counter()
         try:
             if len(parts) == 1 and parts[0][0].band_start == 0 and parts[0][0].band_stop == src.n_bands:
-                arr = src.decoder(parts[0][1], self._spare_buffer(src.chunk_nbytes))
+                buf = self._buffers.take(src.chunk_nbytes)
+                arr = src.decoder(parts[0][1], buf)
+                if root(arr) is not buf:  # the decoder made its own array: the buffer stays free
+                    self._buffers.give(buf)
+                del buf
             else:
-                arr = src.empty_chunk()
+                arr = src.empty_chunk(self._buffers.take(src.chunk_nbytes))
                 for p, data in parts:
                     arr[p.band_start:p.band_stop] = src.decoder(data, None)[: p.band_stop - p.band_start]
             if arr.shape != src.chunk_shape:

@@ -88,9 +88,14 @@ class ChunkSource:
                 out.append(Piece(loc[0], loc[1], loc[2], b * self.band_chunk, min(self.n_bands, (b + 1) * self.band_chunk)))
         return out
 
-    def empty_chunk(self) -> np.ndarray:
+    def empty_chunk(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A chunk of fill, in ``out`` (a ``uint8`` buffer of :attr:`chunk_nbytes`) if given."""
         fill = 0 if self.fill_value is None or (np.isnan(self.fill_value) and self.dtype.kind in "iu") else self.fill_value
-        return np.full(self.chunk_shape, fill, dtype=self.dtype)
+        if out is None:
+            return np.full(self.chunk_shape, fill, dtype=self.dtype)
+        chunk = out.view(self.dtype).reshape(self.chunk_shape)
+        chunk.fill(fill)
+        return chunk
 
     def valid_chunks(self) -> np.ndarray | None:
         """``(ny, nx)``: which chunks are stored (an absent chunk is all fill, so it holds no valid pixel)."""

@@ -77,3 +77,56 @@ def test_an_evicted_chunk_s_memory_is_decoded_into_again_and_holds_the_new_chunk
     assert alive[2] is not None
     assert alive[2] is alive[0]
     assert len({id(a) for a in alive if a is not None}) <= 3, "each decode took new memory"
+
+
+def test_a_view_of_an_evicted_chunk_keeps_its_pixels_until_it_is_dropped(synth_lake: dict[str, Any]) -> None:
+    """A caller holding a slice of a chunk the cache has since evicted still reads that chunk's pixels: its buffer
+    is not decoded into again while any view of it lives (NumPy makes a view of a view refer to the buffer, not
+    to the chunk array, so a check on the chunk array alone let the buffer be overwritten under the slice)."""
+    src = open_sources([synth_lake["scenes"][1]], prefer=("zarr",))[0]
+    reader = ChunkReader([src], ReaderConfig(cache_bytes=src.chunk_nbytes, threads=1), LoaderMetrics())
+    cube = synth_lake["b"]
+
+    def load(chunk: int) -> np.ndarray:
+        reader.request([(0, chunk)])
+        arr = reader.get((0, chunk))
+        assert arr is not None
+        reader.release((0, chunk))
+        return arr
+
+    try:
+        held = load(0)[2:5]  # a view of chunk 0; the chunk array itself is dropped
+        want = cube[2:5, :64, :64].copy()
+        for chunk in range(1, 6):  # each decode evicts the one before
+            load(chunk)
+            np.testing.assert_array_equal(held[:, :want.shape[1], :want.shape[2]], want)
+        buf = weakref.ref(_root(held))
+        del held
+        roots = {id(_root(load(chunk))) for chunk in range(6, 10)}
+        assert buf() is not None
+        assert id(buf()) in roots, "the dropped view's buffer was not reused"
+    finally:
+        reader.close()
+
+
+def test_chunk_buffers_reuse_returned_memory_and_ignore_foreign_arrays() -> None:
+    from cubelake.loaders.buffers import ChunkBuffers
+
+    pool = ChunkBuffers(keep=4)
+    n = 3 * 2**20
+    for _ in range(50):  # decode, evict, decode again: one block, however many rounds
+        a = pool.take(n).view(np.uint16).reshape(96, 128, 128)
+        a[:] = 7
+        pool.give(a)
+        del a
+    assert pool.allocated == 5 * n  # one block of 16 MiB // 3 MiB buffers
+    foreign = np.zeros(n, np.uint8)
+    pool.give(foreign)  # NumPy's own memory: never handed out by the pool
+    taken = [pool.take(n) for _ in range(6)]
+    assert all(t is not foreign and t.base is not foreign for t in taken)
+    assert len({id(t) for t in taken}) == 6
+    assert pool.allocated == 10 * n
+    odd = pool.take(40 * 2**20)  # a chunk larger than a block gets a block of its own
+    assert odd.nbytes == 40 * 2**20
+    assert odd.flags.c_contiguous
+    assert odd.flags.writeable
