@@ -3,10 +3,10 @@ the training process still holds a view of it."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -28,9 +28,16 @@ def _cubes(synth_lake: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _segment(image: torch.Tensor) -> int:
-    """The shared-memory segment (its inode) a batch arrived in."""
-    fd, _ = image.untyped_storage()._share_fd_cpu_()
-    return os.fstat(fd).st_ino
+    """The shared-memory segment (its inode) a batch arrived in: the mapping of this process that holds it."""
+    ptr = image.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, _, _, _, inode = line.split()[:5]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= ptr < hi:
+                assert int(inode) != 0, f"batch memory is not a shared segment: {line}"
+                return int(inode)
+    raise AssertionError("batch memory not found in /proc/self/maps")
 
 
 def _check(image: torch.Tensor, scenes: list[str], windows: torch.Tensor, cubes: dict[str, np.ndarray]) -> None:
@@ -75,3 +82,26 @@ def test_a_collate_fn_that_rebuilds_the_batch_still_gets_correct_batches(synth_l
     assert len(batches) > 2 * SLOTS
     for b in batches:
         _check(b["image"], b["scene"], b["window"], cubes)
+
+
+def test_the_training_process_maps_each_buffer_once_and_unmaps_exited_workers(synth_lake: dict[str, Any]) -> None:
+    """Batches after a buffer's first name it instead of passing it again, small tensors travel in the pickle,
+    and the buffers of workers that have exited (a DataLoader without persistent workers ends them every
+    epoch) are unmapped."""
+    from cubelake.loaders import shared
+
+    ds = _dataset(synth_lake)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)  # new worker processes each epoch
+    cubes = _cubes(synth_lake)
+    shared._RECEIVED.clear()
+    for _ in range(3):
+        for b in loader:
+            _check(b["image"], b["scene"], b["window"], cubes)
+            assert b["window"].dtype == torch.int64
+            with pytest.raises(AssertionError, match="not a shared segment"):
+                _segment(b["window"])  # inline: ordinary memory of this process
+            assert _segment(b["image"]) > 0
+        assert len(shared._RECEIVED) <= 2  # this epoch's two workers; earlier epochs' pools were dropped
+        held = sum(len(p.buffers) for p in shared._RECEIVED.values())
+        assert held <= 2 * shared.SLOTS
+    assert all(p.mapped.sum() > 0 for p in shared._RECEIVED.values())
