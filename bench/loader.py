@@ -53,8 +53,14 @@ cubelake runs the sliding epoch over ``s3://bench/<id>.zarr``; rasterio reads pe
 moto reads the whole object for each GET, so a range GET of the 0.6 GB COG costs the server far
 more than one of a ~9 MB chunk object; the run measures both (``s3_probe``).
 
+Paired rounds (``--rounds N``): the machine's speed drifts between measurements taken minutes apart
+(the ceiling of one command moved by 39 % between two runs); each round measures the ceiling, a fresh
+in-process epoch and a fresh 2-worker epoch one after the other, takes the ratios within the round and
+reports their medians over the rounds.
+
     python bench/loader.py --json /tmp/bench/loader.json
     python bench/loader.py --size 1024 --baseline-samples 512 --json /tmp/bench/loader_small.json
+    python bench/loader.py --reuse --rounds 5 --skip sliding,random,ceiling,stall,s3,baselines
 """
 
 from __future__ import annotations
@@ -535,6 +541,34 @@ def print_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
               f"{r['decoded_per_useful']:>15.2f}{'ok' if r['ok'] else 'FAIL':>7}")
 
 
+# -- paired rounds ----------------------------------------------------------------------------------
+
+
+def paired_rounds(n: int, paths: dict[str, Path], windows: int, cache: int, seed: int) -> dict[str, Any]:
+    """``n`` rounds of: the ceiling (best of 3 in a fresh process), one in-process sliding epoch and one 2-worker
+    epoch (each in a fresh process, two epochs each). Ratios within a round; their medians reported."""
+    print(f"\npaired rounds ({n}): ceiling, in-process, 2 workers — sliding windows", flush=True)
+    rounds = []
+    for i in range(n):
+        ceil = isolated(run_ceiling, zarr_path=str(paths["zarr"]))["seconds"]
+        runs = {w: isolated(run_cubelake, product=str(paths["scene"]), mode="sliding", count=windows, seed=seed,
+                            cache_bytes=cache, threads=2 if w == 0 else 1, workers=w, prefetch=8, epochs=2)
+                for w in (0, 2)}
+        ep = {w: [e["seconds"] * windows / max(1, e["samples"]) for e in r["epochs"]] for w, r in runs.items()}
+        row = {"ceiling_s": ceil, "in_process_s": ep[0], "workers2_s": ep[2],
+               "in_process_over_ceiling": ceil / ep[0][0], "in_process_2nd_over_ceiling": ceil / ep[0][1],
+               "workers_over_in_process": ep[0][0] / ep[2][0], "workers_over_in_process_2nd": ep[0][1] / ep[2][1]}
+        rounds.append(row)
+        print(f"  round {i + 1}: ceiling {ceil:.3f} s; in-process {ep[0][0]:.3f} / {ep[0][1]:.3f} s; 2 workers "
+              f"{ep[2][0]:.3f} / {ep[2][1]:.3f} s (1st / 2nd epoch) -> in-process / ceiling "
+              f"{row['in_process_over_ceiling']:.2f}x ({row['in_process_2nd_over_ceiling']:.2f}x), workers / in-process "
+              f"{row['workers_over_in_process']:.2f}x ({row['workers_over_in_process_2nd']:.2f}x)", flush=True)
+    keys = [k for k in rounds[0] if "_over_" in k]
+    med = {k: statistics.median(r[k] for r in rounds) for k in keys}
+    print("  median of rounds: " + ", ".join(f"{k} {v:.2f}x" for k, v in med.items()), flush=True)
+    return {"rounds": rounds, "median": med}
+
+
 # -- main -----------------------------------------------------------------------------------------
 
 
@@ -561,6 +595,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1,
                     help="fresh-process runs of each cubelake method; the median first epoch is reported (all are kept)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="paired rounds: the ceiling, then a fresh in-process epoch, then a fresh 2-worker epoch, "
+                         "N times in turn (sliding windows); ratios are taken within each round, and their median "
+                         "reported, so the machine's drift between measurements does not enter them")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     skip = {s for s in a.skip.split(",") if s}
@@ -672,6 +710,9 @@ def main() -> None:
         else:
             baseline(mode, "xbatcher", windows, "(b) xarray isel+load per sample (xbatcher's step)")
         baseline(mode, "zarr", windows, "(c) zarr per-sample slicing")
+
+    if a.rounds:
+        doc["rounds"] = paired_rounds(a.rounds, paths, len(sliding), cache, a.seed)
 
     if "stall" not in skip:
         print("\nstall: consumer compute per batch", flush=True)
