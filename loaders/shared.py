@@ -188,7 +188,12 @@ def _arrive(rest: dict[str, Any], inline: list[str], token: tuple[int, int], slo
         pool = _register(token, first, slot, gen)
     else:
         with _LOCK:
-            pool = _RECEIVED[token]
+            known = _RECEIVED.get(token)
+        if known is None:
+            raise RuntimeError(f"a batch from DataLoader worker process {token[0]} names a shared buffer this process "
+                               f"has unmapped (more than {MAX_POOLS} workers' pools were alive at once); use fewer "
+                               "DataLoaders or workers at a time")
+        pool = known
     held_gen, array = pool.buffers[slot]
     if held_gen != gen:
         raise RuntimeError(f"worker batch buffer {slot} of pool {token} is generation {held_gen}, expected {gen}")
