@@ -49,6 +49,7 @@ __all__ = [
     "residency",
     "shard_report",
     "sliding_windows",
+    "windows_in_chunks",
 ]
 
 Edge = Literal["drop", "pad"]
@@ -150,19 +151,32 @@ def _chunk_span(grid: ChunkGrid, rows: np.ndarray, size: tuple[int, int]) -> tup
     return r0 // grid.chunk_y, r1 // grid.chunk_y, c0 // grid.chunk_x, c1 // grid.chunk_x
 
 
+def windows_in_chunks(grid: ChunkGrid, rows: np.ndarray, size: tuple[int, int], mask: np.ndarray,
+                      every: bool) -> np.ndarray:
+    """Per window (``rows`` of a sample table), whether every (``every``) or any chunk it touches, clipped to
+    the raster, is set in ``mask`` ``(n_rows, n_cols)``."""
+    cy0, cy1, cx0, cx1 = _chunk_span(grid, rows, size)
+    out = np.full(len(rows), every, bool)
+    if len(rows) == 0:
+        return out
+    for dy in range(int((cy1 - cy0).max()) + 1):
+        for dx in range(int((cx1 - cx0).max()) + 1):
+            y, x = cy0 + dy, cx0 + dx
+            inside = (y <= cy1) & (x <= cx1)
+            hit = mask[np.minimum(y, grid.n_rows - 1), np.minimum(x, grid.n_cols - 1)]
+            if every:
+                out &= ~inside | hit
+            else:
+                out |= inside & hit
+    return out
+
+
 def _keep_valid(table: SampleTable, grid: ChunkGrid, valid_chunks: np.ndarray | None) -> SampleTable:
     if valid_chunks is None or len(table) == 0:
         return table
     if valid_chunks.shape != (grid.n_rows, grid.n_cols):
         raise ValueError(f"valid_chunks has shape {valid_chunks.shape}, the grid has {(grid.n_rows, grid.n_cols)} chunks")
-    cy0, cy1, cx0, cx1 = _chunk_span(grid, table.rows, table.size)
-    any_valid = np.zeros(len(table), bool)
-    for dy in range(int((cy1 - cy0).max()) + 1):
-        for dx in range(int((cx1 - cx0).max()) + 1):
-            y, x = cy0 + dy, cx0 + dx
-            inside = (y <= cy1) & (x <= cx1)
-            any_valid |= inside & valid_chunks[np.minimum(y, grid.n_rows - 1), np.minimum(x, grid.n_cols - 1)]
-    return table.take(np.flatnonzero(any_valid))
+    return table.take(np.flatnonzero(windows_in_chunks(grid, table.rows, table.size, valid_chunks, every=False)))
 
 
 # -- traversal ----------------------------------------------------------------------------------------

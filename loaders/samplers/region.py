@@ -20,7 +20,7 @@ from shapely.geometry.base import BaseGeometry
 
 from cubelake.grid import ChunkGrid
 
-from ..plan import COL, ROW, SampleTable
+from ..plan import COL, ROW, SampleTable, windows_in_chunks
 
 __all__ = ["Region", "WindowRule", "region_of", "restrict"]
 
@@ -87,20 +87,7 @@ def restrict(table: SampleTable, grid: ChunkGrid, region: Region, rule: WindowRu
     else:
         geoms = shapely.box(c, r, c + w, r + h)
         inside = (shapely.intersects if rule == "intersects" else shapely.covers)(region.shape, geoms)
-    keep = np.asarray(inside, bool) & _chunks_in(grid, r, c, (h, w), region.chunks)
+    keep = np.asarray(inside, bool) & windows_in_chunks(grid, table.rows, (h, w), region.chunks, every=True)
     return table.take(np.flatnonzero(keep))
 
 
-def _chunks_in(grid: ChunkGrid, r: np.ndarray, c: np.ndarray, size: tuple[int, int], mask: np.ndarray) -> np.ndarray:
-    """Whether every chunk each window touches (clipped to the raster) is in ``mask``."""
-    cy0 = np.clip(r, 0, grid.height - 1) // grid.chunk_y
-    cy1 = np.clip(r + size[0] - 1, 0, grid.height - 1) // grid.chunk_y
-    cx0 = np.clip(c, 0, grid.width - 1) // grid.chunk_x
-    cx1 = np.clip(c + size[1] - 1, 0, grid.width - 1) // grid.chunk_x
-    ok = np.ones(r.size, bool)
-    for dy in range(int((cy1 - cy0).max()) + 1):
-        for dx in range(int((cx1 - cx0).max()) + 1):
-            y, x = cy0 + dy, cx0 + dx
-            inside = (y <= cy1) & (x <= cx1)
-            ok &= ~inside | mask[np.minimum(y, grid.n_rows - 1), np.minimum(x, grid.n_cols - 1)]
-    return ok

@@ -23,6 +23,7 @@ from cubelake.loaders.plan import (
     random_windows,
     residency,
     sliding_windows,
+    windows_in_chunks,
 )
 
 grids_st = st.builds(ChunkGrid, st.integers(20, 300), st.integers(20, 300), st.sampled_from([16, 32, 64]),
@@ -218,3 +219,18 @@ def test_coalesce_merges_adjacent_ranges_up_to_the_gap() -> None:
     assert [(s, e, [m.tag for m in ms]) for s, e, ms in coalesce(rs)] == [(0, 200, ["a", "b"]), (250, 300, ["c"]), (1000, 1100, ["d"])]
     assert [(s, e) for s, e, _ in coalesce(rs, max_gap=50)] == [(0, 300), (1000, 1100)]
     assert [(s, e) for s, e, _ in coalesce(rs, max_gap=10_000, max_size=300)] == [(0, 300), (1000, 1100)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-20, 120), st.integers(-20, 120), st.integers(1, 70), st.integers(1, 70), st.integers(0, 2**9 - 1))
+def test_windows_in_chunks_equals_brute_force(r: int, c: int, h: int, w: int, bits: int) -> None:
+    """Whether every / any chunk a window touches (clipped to the raster) is in the mask, against a pixel walk."""
+    grid = ChunkGrid(100, 90, 40, 32)  # 3 x 3 chunks, partial ones at the edges
+    mask = np.array([(bits >> i) & 1 for i in range(9)], bool).reshape(3, 3)
+    rows = np.array([[0, r, c]], np.int64)
+    ys = np.clip(np.arange(r, r + h), 0, grid.height - 1) // grid.chunk_y
+    xs = np.clip(np.arange(c, c + w), 0, grid.width - 1) // grid.chunk_x
+    touched = {(int(y), int(x)) for y in ys for x in xs}
+    assert windows_in_chunks(grid, rows, (h, w), mask, every=True)[0] == all(mask[t] for t in touched)
+    assert windows_in_chunks(grid, rows, (h, w), mask, every=False)[0] == any(mask[t] for t in touched)
+    assert windows_in_chunks(grid, rows[:0], (h, w), mask, every=True).shape == (0,)
