@@ -163,6 +163,15 @@ def scan(
             if clipped is not None and result.clipped is not None:
                 result.clipped += clipped
 
+    _run_bounded(units, run, workers, progress)
+    result.issues, result.blocks_failed = _summarise_issues(result.issues)
+    return result
+
+
+def _run_bounded(units: Sequence[Window], run: Callable[[Window], None], workers: int,
+                 progress: ProgressFn | None) -> None:
+    """``run`` every unit on ``workers`` threads, at most ``workers + 2`` submitted at a time (memory stays
+    bounded by the units in flight); the first error is raised once the pending units are cancelled."""
     done = 0
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cubelake-scan") as pool:
         pending: set[Future[None]] = set()
@@ -185,21 +194,22 @@ def scan(
             for f in pending:
                 f.cancel()
             raise
-    # one native block can span several chunks: report each failing block once
+
+
+def _summarise_issues(issues: list[Issue]) -> tuple[list[Issue], int]:
+    """Each failing native block reported once (one block can span several chunks), at most
+    ``_MAX_BLOCK_ERRORS`` of them listed; and how many blocks failed."""
     unique: dict[tuple[str, str | None], Issue] = {}
-    for i in result.issues:
+    for i in issues:
         unique.setdefault((i.code.value, i.where), i)
-    result.issues = list(unique.values())
-    block_errors = [i for i in result.issues if i.code is Code.BLOCK_DECODE]
-    result.blocks_failed = len(block_errors)
+    issues = list(unique.values())
+    block_errors = [i for i in issues if i.code is Code.BLOCK_DECODE]
     if len(block_errors) > _MAX_BLOCK_ERRORS:
-        others = [i for i in result.issues if i.code is not Code.BLOCK_DECODE]
+        others = [i for i in issues if i.code is not Code.BLOCK_DECODE]
         block_errors.sort(key=lambda i: i.where or "")
         extra = error(
             Code.BLOCK_DECODE,
             f"... and {len(block_errors) - _MAX_BLOCK_ERRORS} more blocks fail to decode",
         )
-        result.issues = others + block_errors[:_MAX_BLOCK_ERRORS] + [extra]
-    else:
-        result.issues.sort(key=lambda i: i.where or "")
-    return result
+        return others + block_errors[:_MAX_BLOCK_ERRORS] + [extra], len(block_errors)
+    return sorted(issues, key=lambda i: i.where or ""), len(block_errors)
