@@ -658,3 +658,30 @@ def test_one_bad_input_among_good_ones(tmp_path: Path) -> None:
     assert got_b.dtype == np.float32
     np.testing.assert_array_equal(got_b, b)
     assert not math.isnan(float(got_b.sum()))
+
+
+def test_many_garbage_tiles_are_listed_up_to_twenty_and_counted(tmp_path: Path) -> None:
+    """A file whose tiles are nearly all damaged: each failing block is named once, the first 20 by position,
+    then one line saying how many more fail (not hundreds of lines)."""
+    data = hsi_cube(5, H, W, "int16", seed=5)
+    src = write_geotiff(tmp_path / "garbage.tif", data, tiled=True, blockxsize=16, blockysize=16, compress="DEFLATE")
+    with tifffile.TiffFile(src) as tif:
+        page = tif.pages.first
+        spans = list(zip(page.dataoffsets, page.databytecounts, strict=True))
+    raw = bytearray(src.read_bytes())
+    bad = spans[1:]  # every tile but the first
+    for off, cnt in bad:
+        raw[off:off + cnt] = b"\xff\x00" * (cnt // 2) + b"\xff" * (cnt % 2)
+    src.write_bytes(bytes(raw))
+    assert len(bad) > 20
+
+    report = validate(src)
+    decode = [i for i in report.errors if i.code == Code.BLOCK_DECODE]
+    named = [i for i in decode if (i.where or "").startswith("block ")]
+    assert len(named) == 20
+    assert len({i.where for i in named}) == 20
+    assert [i.where for i in named] == sorted(str(i.where) for i in named)
+    more = [i for i in decode if i not in named]
+    assert len(more) == 1
+    assert f"... and {len(bad) - 20} more blocks fail to decode" in more[0].message
+    assert more[0].where == str(src)  # the file is named
