@@ -175,6 +175,34 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _settle_zarr_writes(timeout: float = 30.0) -> None:
+    """Wait until zarr-python's event-loop thread has finished what it was running.
+
+    zarr's synchronous API runs each call as a coroutine on its own loop thread and waits for it; a
+    ``KeyboardInterrupt`` in that wait leaves the coroutine writing (``zarr.json`` files, with the folders
+    above them) after the caller has moved on, into a staging folder being removed: a Ctrl-C during an
+    ingest's store creation left a staging folder behind (CI, ``tests/test_lake.py``). Does nothing when zarr
+    was never imported or its loop never started.
+    """
+    import sys
+
+    sync = sys.modules.get("zarr.core.sync")
+    loop = getattr(sync, "loop", [None])[0] if sync is not None else None
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    import asyncio
+
+    async def drain() -> None:
+        for _ in range(8):  # a coroutine may start others as it ends
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if not pending:
+                return
+            await asyncio.wait(pending, timeout=timeout)
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(drain(), loop).result(timeout + 1)
+
+
 _SKELETON = ("scenes", "rejected", ".staging", ".trash", ".locks")
 
 
@@ -372,6 +400,9 @@ class Lake:
         path.mkdir(parents=True)
         try:
             yield path
+        except BaseException:
+            _settle_zarr_writes()  # before the folder goes: nothing may write into it afterwards
+            raise
         finally:
             if path.exists():
                 shutil.rmtree(path, ignore_errors=True)

@@ -121,6 +121,40 @@ def test_killed_cli_leaves_nothing_partial_and_next_run_cleans_up(tmp_path: Path
     assert not list((root / ".staging").iterdir())
 
 
+def test_ctrl_c_while_zarr_writes_on_its_loop_leaves_no_staging_folder(tmp_path: Path, lake: Lake) -> None:
+    """zarr-python's synchronous calls wait for a coroutine on zarr's own loop thread; Ctrl-C in that wait leaves
+    the coroutine running. The staging folder is removed only once it has finished writing into it."""
+    import asyncio
+    import threading
+
+    import zarr
+    from zarr.core.sync import sync
+
+    interrupted = threading.Event()
+
+    async def slow_create(path: Path) -> None:
+        for _ in range(3000):  # still running when the interrupt arrives, however late the timer fires
+            if interrupted.is_set():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the caller has moved on by now
+        await zarr.api.asynchronous.create_array(store=str(path), shape=(4, 4), chunks=(2, 2), dtype="int16")
+
+    def build() -> None:
+        with lake.staging("scene") as staged:
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                sync(slow_create(staged / "scene.zarr" / "data"))
+            except KeyboardInterrupt:
+                interrupted.set()
+                raise
+
+    with pytest.raises(KeyboardInterrupt):
+        build()
+    time.sleep(1.0)  # time for a straggling write to land
+    assert list((lake.root / ".staging").iterdir()) == []
+
+
 def test_recover_restores_a_scene_caught_mid_replacement(tmp_path: Path, lake: Lake) -> None:
     (r,) = ingest([_scene(tmp_path)], lake, IngestOptions(chunk=32))
     sid = r.scene_id
