@@ -409,6 +409,19 @@ def run_ceiling(zarr_path: str, repeats: int = 3) -> dict[str, Any]:
     return out
 
 
+def _own_cpu() -> float:
+    """User + system CPU seconds of this process so far (not its children)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def decode_threads(workers: int) -> int:
+    """Decode threads per process: the 2 cores split over the processes that decode."""
+    return 2 if workers == 0 else max(1, 2 // workers)
+
+
 def run_cubelake(product: str, mode: str, count: int, seed: int, cache_bytes: int, threads: int, workers: int,
                  prefetch: int, epochs: int = 1, storage_options: dict[str, Any] | None = None,
                  consumer_ms: float = 0.0) -> dict[str, Any]:
@@ -432,7 +445,7 @@ def run_cubelake(product: str, mode: str, count: int, seed: int, cache_bytes: in
                            "threads": threads, "workers": workers, "peak_resident_chunks": peak,
                            "budget_chunks_per_process": cache_bytes // max(1, workers) // ds.sources[0].chunk_nbytes}
     for _ in range(epochs):
-        r0, lo0 = rchar(), lo_rx()
+        r0, lo0, cpu0 = rchar(), lo_rx(), _own_cpu()
         sample: dict[str, Any] = {}
         n = 0
         t0 = time.perf_counter()
@@ -445,7 +458,9 @@ def run_cubelake(product: str, mode: str, count: int, seed: int, cache_bytes: in
         dt = time.perf_counter() - t0
         m = ds.metrics()
         out["epochs"].append({"samples": n, "seconds": dt, "metrics": m.to_dict(), "rchar": rchar() - r0,
-                              "loopback_bytes": lo_rx() - lo0, "check": sample, "n_samples_table": ds.n_samples()})
+                              "loopback_bytes": lo_rx() - lo0, "check": sample,
+                              # this process's CPU (with workers: the training process's receiving alone)
+                              "own_cpu_s": _own_cpu() - cpu0, "n_samples_table": ds.n_samples()})
     return out
 
 
@@ -552,17 +567,19 @@ def paired_rounds(n: int, paths: dict[str, Path], windows: int, cache: int, seed
     for i in range(n):
         ceil = isolated(run_ceiling, zarr_path=str(paths["zarr"]))["seconds"]
         runs = {w: isolated(run_cubelake, product=str(paths["scene"]), mode="sliding", count=windows, seed=seed,
-                            cache_bytes=cache, threads=2 if w == 0 else 1, workers=w, prefetch=8, epochs=2)
+                            cache_bytes=cache, threads=decode_threads(w), workers=w, prefetch=8, epochs=2)
                 for w in (0, 2)}
         ep = {w: [e["seconds"] * windows / max(1, e["samples"]) for e in r["epochs"]] for w, r in runs.items()}
-        row = {"ceiling_s": ceil, "in_process_s": ep[0], "workers2_s": ep[2],
+        main_cpu = [e["own_cpu_s"] for e in runs[2]["epochs"]]
+        row = {"ceiling_s": ceil, "in_process_s": ep[0], "workers2_s": ep[2], "workers2_main_cpu_s": main_cpu,
                "in_process_over_ceiling": ceil / ep[0][0], "in_process_2nd_over_ceiling": ceil / ep[0][1],
                "workers_over_in_process": ep[0][0] / ep[2][0], "workers_over_in_process_2nd": ep[0][1] / ep[2][1]}
         rounds.append(row)
         print(f"  round {i + 1}: ceiling {ceil:.3f} s; in-process {ep[0][0]:.3f} / {ep[0][1]:.3f} s; 2 workers "
               f"{ep[2][0]:.3f} / {ep[2][1]:.3f} s (1st / 2nd epoch) -> in-process / ceiling "
               f"{row['in_process_over_ceiling']:.2f}x ({row['in_process_2nd_over_ceiling']:.2f}x), workers / in-process "
-              f"{row['workers_over_in_process']:.2f}x ({row['workers_over_in_process_2nd']:.2f}x)", flush=True)
+              f"{row['workers_over_in_process']:.2f}x ({row['workers_over_in_process_2nd']:.2f}x); training process's "
+              f"CPU with 2 workers {main_cpu[0]:.2f} / {main_cpu[1]:.2f} s", flush=True)
     keys = [k for k in rounds[0] if "_over_" in k]
     med = {k: statistics.median(r[k] for r in rounds) for k in keys}
     print("  median of rounds: " + ", ".join(f"{k} {v:.2f}x" for k, v in med.items()), flush=True)
@@ -670,7 +687,7 @@ def main() -> None:
 
     def cubelake(mode: str, windows_n: int, workers: int, label: str, key: str, **kw: Any) -> dict[str, Any]:
         print(f"  {label} ...", flush=True)
-        threads = 2 if workers == 0 else max(1, 2 // workers)
+        threads = decode_threads(workers)
         product = kw.pop("product", str(paths["scene"]))
         # each run a fresh process; the run with the median first epoch stands for the method (--repeats)
         runs = [isolated(run_cubelake, product=product, mode=mode, count=count, seed=a.seed, cache_bytes=cache,

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cubelake.lake import pid_alive
+
 __all__ = ["INLINE_BYTES", "SLOTS", "Delivery", "Lease", "SharedBatches", "worker_pool"]
 
 #: shared-memory batch buffers per worker process (DataLoader's prefetch_factor batches are queued per worker,
@@ -163,21 +165,11 @@ def _register(token: tuple[int, int], first: tuple[torch.Tensor, torch.Tensor, t
 def _forget_exited() -> None:
     """Unmap the pools of worker processes that have exited (and, past :data:`MAX_POOLS`, the oldest; their
     workers are told so and send their buffers again)."""
-    for token in [t for t in _RECEIVED if not _alive(t[0])]:
+    for token in [t for t in _RECEIVED if not pid_alive(t[0])]:
         del _RECEIVED[token]
     while len(_RECEIVED) >= MAX_POOLS:
         _, old = _RECEIVED.popitem(last=False)
         old.mapped.zero_()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - another user's process: it exists
-        return True
-    return True
 
 
 def _arrive(rest: dict[str, Any], inline: list[str], token: tuple[int, int], slot: int, ticket: int, gen: int,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cubelake.loaders import CubeDataset, LoaderMetrics, PlanSpec, ReaderConfig, Sampling, Spectral
+from cubelake.loaders.buffers import root
 from cubelake.loaders.plan import EpochPlan
 from cubelake.loaders.reader import ChunkReader
 from cubelake.loaders.sources import open_sources
@@ -44,12 +45,6 @@ def test_random_windows_with_a_budget_of_one_batch_s_chunks_decode_each_chunk_on
     assert m.redecodes <= 0.05 * chunks, f"{m.chunks_decoded} decodes for {chunks} chunks (budget {need})"
 
 
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
 def test_an_evicted_chunk_s_memory_is_decoded_into_again_and_holds_the_new_chunk(synth_lake: dict[str, Any]) -> None:
     """Once the budget is full, a decode reuses an evicted chunk's buffer instead of new memory (whose
     page faults cost as much as the decode on the benchmark VM), and the reused buffer holds exactly the
@@ -67,7 +62,7 @@ def test_an_evicted_chunk_s_memory_is_decoded_into_again_and_holds_the_new_chunk
             cy, cx = divmod(chunk, src.grid.n_cols)
             want = cube[:, cy * 64:(cy + 1) * 64, cx * 64:(cx + 1) * 64]
             np.testing.assert_array_equal(arr[:, :want.shape[1], :want.shape[2]], want)
-            roots.append(weakref.ref(_root(arr)))
+            roots.append(weakref.ref(root(arr)))
             del arr
             reader.release(key)
     finally:
@@ -100,9 +95,9 @@ def test_a_view_of_an_evicted_chunk_keeps_its_pixels_until_it_is_dropped(synth_l
         for chunk in range(1, 6):  # each decode evicts the one before
             load(chunk)
             np.testing.assert_array_equal(held[:, :want.shape[1], :want.shape[2]], want)
-        buf = weakref.ref(_root(held))
+        buf = weakref.ref(root(held))
         del held
-        roots = {id(_root(load(chunk))) for chunk in range(6, 10)}
+        roots = {id(root(load(chunk))) for chunk in range(6, 10)}
         assert buf() is not None
         assert id(buf()) in roots, "the dropped view's buffer was not reused"
     finally:
