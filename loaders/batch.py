@@ -192,7 +192,7 @@ class BatchCutter:
                 continue
             s = key[0]
             bands = self._band_index[s]
-            cut_chunk(arr, bands, x, pieces, gain[s], off[s], self.sources[s].fill_value, reader.has_fill(key), fill, bad)
+            cut_chunk(arr, bands, x, pieces, gain[s], off[s], self.sources[s].fill_value, fill, bad)
             pixels = int(((pieces[:, 2] - pieces[:, 1]) * (pieces[:, 4] - pieces[:, 3])).sum())
             used += pixels * bands.size * arr.itemsize
             for i, sy0, sy1, sx0, sx1, dy0, dx0 in plist if aux_out else ():

@@ -33,7 +33,6 @@ from .adaptive import AimdController, Gate
 from .buffers import ChunkBuffers, root
 from .cache import DiskCache, Range, coalesce
 from .hedge import hedge_delay, hedged
-from .kernels import holds_fill
 from .metrics import LoaderMetrics
 from .sources import ChunkSource, Piece
 
@@ -133,7 +132,6 @@ class ChunkReader:
         self._reserved = 0  # bytes of chunks in flight
         self._decoded: set[ChunkKey] = set()
         self._failed: dict[ChunkKey, str] = {}
-        self._has_fill: dict[ChunkKey, bool] = {}
         self._buffers = ChunkBuffers()  # decode buffers: evicted chunks' memory is reused
         self._stores: dict[str, tuple[Store, str]] = {}
 
@@ -261,10 +259,6 @@ class ChunkReader:
             return None
         finally:
             self.metrics.add(chunk_wait_s=time.perf_counter() - t0)
-
-    def has_fill(self, key: ChunkKey) -> bool:
-        """Whether the decoded chunk holds any nodata (or NaN) pixel; ``True`` when unknown."""
-        return self._has_fill.get(key, True)
 
     # -- loading ------------------------------------------------------------------------------------
 
@@ -481,11 +475,7 @@ class ChunkReader:
             self._fail(key, e)
             return
         dt = time.perf_counter() - t0
-        # whether any pixel is nodata: found here, on the decode threads, so batches cut from
-        # all-valid chunks (most of a scene) skip the masking pass on the consumer's side
-        has_fill = holds_fill(arr, src.fill_value)
         with self._lock:
-            self._has_fill[key] = has_fill
             again = key in self._decoded
             self._decoded.add(key)
             self._mem[key] = arr
