@@ -9,9 +9,11 @@ copy itself is compiled (:mod:`.kernels`): one pass per chunk, band by band, ove
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +34,19 @@ if TYPE_CHECKING:
     from .dataset import Sampling
 
 __all__ = ["BatchCutter", "BufferPool"]
+
+# a batch whose cut reads at least this many stored bytes is cut on two threads (see BatchCutter._cut_all):
+# below it, handing half to the helper costs more than it saves
+SPLIT_BYTES = 4 * 2**20
+_HELPER: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _helper() -> ThreadPoolExecutor:
+    """This process's one helper thread for cutting (a forked child makes its own)."""
+    global _HELPER
+    if _HELPER is None or _HELPER[0] != os.getpid():
+        _HELPER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="cubelake-cut"))
+    return _HELPER[1]
 
 
 class BufferPool:
@@ -183,23 +198,47 @@ class BatchCutter:
         bad = outside * x.shape[1]
         x[np.flatnonzero(outside)] = fill
         used = 0
-        gain, off = self._affine_params
+        cuts: list[tuple[np.ndarray, int, np.ndarray]] = []  # (chunk, scene, pieces)
         for key, plist in by_chunk.items():
             arr = reader.get(key)
             pieces = np.array(plist, np.int64)
             if arr is None:
                 keep[pieces[:, 0]] = False
                 continue
-            s = key[0]
-            bands = self._band_index[s]
-            cut_chunk(arr, bands, x, pieces, gain[s], off[s], self.sources[s].fill_value, fill, bad)
+            cuts.append((arr, key[0], pieces))
             pixels = int(((pieces[:, 2] - pieces[:, 1]) * (pieces[:, 4] - pieces[:, 3])).sum())
-            used += pixels * bands.size * arr.itemsize
+            used += pixels * self._band_index[key[0]].size * arr.itemsize
             for i, sy0, sy1, sx0, sx1, dy0, dx0 in plist if aux_out else ():
                 if sy1 > sy0 and sx1 > sx0:
-                    self._cut_aux(aux_out, i, s, key[1], reader, (sy0, sy1, sx0, sx1),
+                    self._cut_aux(aux_out, i, key[0], key[1], reader, (sy0, sy1, sx0, sx1),
                                   (dy0, dy0 + sy1 - sy0, dx0, dx0 + sx1 - sx0))
+        self._cut_all(x, cuts, fill, bad, split=used >= SPLIT_BYTES and get_worker_info() is None)
         return keep, bad, used
+
+    def _cut_all(self, x: np.ndarray, cuts: list[tuple[np.ndarray, int, np.ndarray]], fill: float, bad: np.ndarray,
+                 split: bool) -> None:
+        """Cut every chunk's pieces into ``x``. With ``split``, the upper half of the bands is cut on a helper
+        thread meanwhile (the kernel releases the GIL): without worker processes the cutting thread is otherwise
+        one thread against the decode threads, and where the cut is the slower side (short windows over
+        several chunks) the decode threads idle while it runs."""
+        gain, off = self._affine_params
+
+        def run(b0: float, b1: float, counts: np.ndarray) -> None:
+            for arr, s, pieces in cuts:
+                nb = self._band_index[s].size
+                cut_chunk(arr, self._band_index[s], x, pieces, gain[s], off[s], self.sources[s].fill_value, fill,
+                          counts, (int(nb * b0), int(nb * b1)))
+
+        if not split or self.n_bands < 2:
+            run(0.0, 1.0, bad)
+            return
+        upper = np.zeros_like(bad)
+        job = _helper().submit(run, 0.5, 1.0, upper)
+        try:
+            run(0.0, 0.5, bad)
+        finally:
+            job.result()  # the helper writes into x: never return (or raise) while it still does
+        bad += upper
 
     def _cut_aux(self, out: dict[str, np.ndarray], i: int, scene: int, chunk: int, reader: ChunkReader,
                  src: tuple[int, int, int, int], dst: tuple[int, int, int, int]) -> None:

@@ -33,9 +33,9 @@ PIECE_FIELDS = ("sample", "sy0", "sy1", "sx0", "sx1", "dy0", "dx0")
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def _cut(chunk: Any, bands: Any, out: Any, pieces: Any, gain: Any, offset: Any,  # pragma: no cover
-         fillv: float, fill: Any, bad: Any) -> None:
+         fillv: float, fill: Any, bad: Any, b0: int, b1: int) -> None:
     # (numba compiles this; coverage cannot see inside, the tests check its results against numpy)
-    for bi in range(bands.shape[0]):
+    for bi in range(b0, b1):
         plane = chunk[bands[bi]]
         g = gain[bi]
         o = offset[bi]
@@ -60,12 +60,13 @@ def _cut(chunk: Any, bands: Any, out: Any, pieces: Any, gain: Any, offset: Any, 
 
 
 def cut_chunk(chunk: np.ndarray, bands: np.ndarray, out: np.ndarray, pieces: np.ndarray, gain: np.ndarray,
-              offset: np.ndarray, fill_value: float | None, fill: float, bad: np.ndarray) -> None:
+              offset: np.ndarray, fill_value: float | None, fill: float, bad: np.ndarray,
+              band_range: tuple[int, int] | None = None) -> None:
     """Copy ``pieces`` (int64 rows of :data:`PIECE_FIELDS`) of ``chunk`` ``(band, y, x)`` into ``out``
     ``(sample, band, y, x)`` float32: ``out = stored * gain + offset`` per selected band (``bands``, int64
     indices into the chunk; ``gain``/``offset`` float32, one per selected band). A stored NaN or
     ``fill_value`` pixel (compared in the chunk's type, :func:`stored_fill`) is written as ``fill`` instead
-    and counted in ``bad[sample]``.
+    and counted in ``bad[sample]``. ``band_range``: only the selected bands ``[b0, b1)`` (output bands too).
 
     Every value is tested, always: the test costs nothing measurable here (the loop is bound by its
     writes; an unchecked variant was no faster, ``bench/cut_kernel.py``), so no separate pass over each
@@ -73,7 +74,8 @@ def cut_chunk(chunk: np.ndarray, bands: np.ndarray, out: np.ndarray, pieces: np.
     """
     if not chunk.flags.c_contiguous:  # one compiled layout: a strided chunk would compile another
         chunk = np.ascontiguousarray(chunk)
-    _cut(chunk, bands, out, pieces, gain, offset, stored_fill(fill_value, chunk.dtype), np.float32(fill), bad)
+    b0, b1 = band_range if band_range is not None else (0, bands.shape[0])
+    _cut(chunk, bands, out, pieces, gain, offset, stored_fill(fill_value, chunk.dtype), np.float32(fill), bad, b0, b1)
 
 
 def stored_fill(fill_value: float | None, dtype: np.dtype[Any]) -> float:

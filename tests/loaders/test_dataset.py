@@ -352,3 +352,40 @@ def test_min_valid_drops_windows_in_the_nodata_corner(synth_lake: dict[str, Any]
     assert ("scene_a", 32, 0) in got
     assert ds.metrics().invalid_samples == len(corner)
     assert len(got) == ds.n_samples() - len(corner)
+
+
+def test_a_batch_cut_on_two_threads_equals_the_one_thread_cut(synth_lake: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large batches are cut half on a helper thread (upper half of the bands): same pixels, same nodata counts."""
+    import cubelake.loaders.batch as batch_mod
+
+    def epoch(split_bytes: int) -> tuple[list[dict[str, Any]], int]:
+        monkeypatch.setattr(batch_mod, "SPLIT_BYTES", split_bytes)
+        ds = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=24, stride=20, labels="none", min_valid=0.6),
+                         spectral=Spectral(normalize="none", fill=-1.0), plan=PlanSpec(batch_size=16, seed=3),
+                         prefer=("zarr",))
+        got = [{k: b[k].clone() if isinstance(b[k], torch.Tensor) else b[k] for k in ("image", "window", "scene")}
+               for b in ds]
+        return got, ds.metrics().invalid_samples
+
+    submitted = []
+    real_helper = batch_mod._helper
+
+    def counting_helper() -> Any:
+        submitted.append(1)
+        return real_helper()
+
+    monkeypatch.setattr(batch_mod, "_helper", counting_helper)
+    one, invalid_one = epoch(2**62)
+    assert not submitted
+    two, invalid_two = epoch(0)
+    assert len(submitted) == len(two) > 10
+    assert invalid_one == invalid_two > 0  # the nodata corner's windows are dropped either way
+    assert [b["scene"] for b in one] == [b["scene"] for b in two]
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a["window"], b["window"])
+        assert torch.equal(a["image"], b["image"])
+    cubes = {"scene_a": synth_lake["a"], "scene_b": synth_lake["b"]}
+    for b in two:  # and both are right: every window against the source cube (nodata and outside = -1)
+        for sid, w, img in zip(b["scene"], b["window"].tolist(), b["image"], strict=True):
+            np.testing.assert_array_equal(img.numpy(), expected_window(cubes[sid], *w, fill=-1.0))
