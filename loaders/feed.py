@@ -26,10 +26,11 @@ class ChunkFeed:
             self._next_req += 1
         while self._next_rel < len(self._by_last) and plan.last_use[self._by_last[self._next_rel]] < start:
             self._next_rel += 1
-        # chunks are prefetched only while room stays for the most chunks one batch first needs: a chunk
-        # prefetched too early is evicted before its use when the budget runs short
-        per_batch = int(np.bincount(plan.first_use // batch_size).max()) if self.chunks else 0
-        self._reserve = per_batch * chunk_nbytes * (1 + n_aux)
+        # prefetch takes chunks in first-use order, so until a prefetched chunk's first use every chunk a batch in
+        # between holds is pinned now or was prefetched before it: what is pinned never exceeds what is pinned now
+        # plus what is prefetched, and keeping that within the budget is enough for no chunk to be evicted before
+        # its use (the chunks one call takes count before the reader sees them)
+        self._chunk_bytes = chunk_nbytes * (1 + n_aux)
         self._next_use = NextUse(plan)
 
     def with_aux(self, keys: list[ChunkKey]) -> list[ChunkKey]:
@@ -51,7 +52,7 @@ class ChunkFeed:
         self._next_req = max(self._next_req, self._need_end)
         ahead: list[int] = []
         while (self._next_req < n and self._next_req - self._need_end < depth
-               and reader.has_room(self.chunks[self._next_req], self._reserve)):
+               and reader.has_room(self.chunks[self._next_req], len(ahead) * self._chunk_bytes)):
             ahead.append(self._next_req)
             self._next_req += 1
         self._request(reader, ahead, [int(plan.first_use[k]) for k in ahead])

@@ -11,6 +11,7 @@ import pytest
 
 from cubelake.loaders import CubeDataset, LoaderMetrics, PlanSpec, ReaderConfig, Sampling, Spectral
 from cubelake.loaders.buffers import root
+from cubelake.loaders.feed import ChunkFeed
 from cubelake.loaders.plan import EpochPlan
 from cubelake.loaders.reader import ChunkReader
 from cubelake.loaders.sources import open_sources
@@ -18,12 +19,6 @@ from cubelake.loaders.sources import open_sources
 from .test_dataset import check_values
 
 CHUNK = 24 * 64 * 64 * 2  # the synth lake's decoded chunk (int16)
-
-
-def batch_residency(plan: EpochPlan, batch: int) -> int:
-    """The most chunks one batch keeps resident: those first used before its end and last used from its start."""
-    n = len(plan)
-    return max(int(((plan.first_use < min(lo + batch, n)) & (plan.last_use >= lo)).sum()) for lo in range(0, n, batch))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -34,7 +29,7 @@ def test_random_windows_with_a_budget_of_one_batch_s_chunks_decode_each_chunk_on
                            spectral=Spectral(normalize="none"), plan=PlanSpec(seed=3, batch_size=32, chunks_per_round=8),
                            reader=ReaderConfig(cache_bytes=budget_chunks * CHUNK, threads=threads), prefetch=8)
 
-    need = batch_residency(dataset(100).plan(0), 32)
+    need = max(batch_residency(dataset(100).plan(0), 32))
     ds = dataset(need)
     batches = list(ds)
     check_values(batches, {"scene_a": synth_lake["a"], "scene_b": synth_lake["b"]})
@@ -43,6 +38,57 @@ def test_random_windows_with_a_budget_of_one_batch_s_chunks_decode_each_chunk_on
     assert m.chunks_decoded - m.redecodes >= chunks - 1
     # prefetching 8 chunks ahead into a full budget, then evicting the least recently used, decoded 40 % again
     assert m.redecodes <= 0.05 * chunks, f"{m.chunks_decoded} decodes for {chunks} chunks (budget {need})"
+
+
+def batch_residency(plan: EpochPlan, batch: int) -> list[int]:
+    """Per batch, the chunks it keeps resident: those first used before its end and last used from its start."""
+    n = len(plan)
+    return [int(((plan.first_use < min(lo + batch, n)) & (plan.last_use >= lo)).sum()) for lo in range(0, n, batch)]
+
+
+class _Asked(ChunkReader):
+    """A reader that remembers every chunk asked of it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.asked: list[tuple[int, int]] = []
+
+    def request(self, keys: Any, due: Any = None) -> None:
+        self.asked.extend(keys)
+        super().request(keys, due)
+
+
+def test_prefetch_takes_the_room_the_plan_leaves_and_never_more(synth_lake: dict[str, Any]) -> None:
+    """Sliding windows, a budget of 3 chunks more than the most any batch holds, prefetch as deep as the epoch.
+    Before the first batch the feed asks for that batch's chunks, then for chunks ahead while they fit in the
+    budget, and never more. The chunks one call had taken did not count against the budget, so a depth beyond
+    it overfilled the budget (the reader then evicts chunks still needed, to decode them again); and room for
+    the most chunks a batch first needs, kept back always, left none to prefetch into here. An epoch with that
+    budget, and with just the most chunks any batch holds, decodes each chunk once."""
+    scene = synth_lake["scenes"][1]  # scene b: no nodata, every chunk stored
+
+    def dataset(budget_chunks: int) -> CubeDataset:
+        return CubeDataset([scene], sampling=Sampling(mode="sliding", size=16, stride=16, labels="none"),
+                           spectral=Spectral(normalize="none"), plan=PlanSpec(seed=5, batch_size=32, chunks_per_round=4),
+                           reader=ReaderConfig(cache_bytes=budget_chunks * CHUNK, threads=1),
+                           prefetch=10_000, prefer=("zarr",))
+
+    plan = dataset(1).plan(0)
+    held = batch_residency(plan, 32)
+    budget = max(held) + 3
+    src = open_sources([scene], prefer=("zarr",))[0]
+    reader = _Asked([src], ReaderConfig(cache_bytes=budget * CHUNK, threads=1), LoaderMetrics())
+    try:
+        ChunkFeed(plan, 32, 0, CHUNK, 1, 0).before(0, 32, reader, len(plan.chunks))
+    finally:
+        reader.close()
+    assert len(set(reader.asked)) == len(reader.asked)
+    assert held[0] < len(reader.asked) <= budget, f"asked {len(reader.asked)}: batch 0 holds {held[0]}, budget {budget}"
+    for chunks in (budget, max(held)):  # with room to spare, and just the most any batch holds
+        ds = dataset(chunks)
+        check_values(list(ds), {"scene_b": synth_lake["b"]})
+        m = ds.metrics()
+        assert (m.redecodes, m.chunks_decoded) == (0, plan.chunks.shape[0]), f"budget {chunks} chunks"
 
 
 def test_an_evicted_chunk_s_memory_is_decoded_into_again_and_holds_the_new_chunk(synth_lake: dict[str, Any]) -> None:
