@@ -6,6 +6,8 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -73,15 +75,21 @@ def _emit(fmt: OutputFormat, doc: dict[str, Any], text: str) -> None:
     sys.stdout.flush()
 
 
-def _wait_for_stop() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM."""
+@contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """An event set by Ctrl-C (SIGINT) or SIGTERM, however many arrive, until the block ends.
+
+    A handler, not ``KeyboardInterrupt``: coreutils ``timeout -s INT`` signals the child and then its whole
+    process group, so a second SIGINT can land while the emulator shuts down — raised there, it killed the
+    command (exit 130) before its summary.
+    """
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop.wait(0.5):
-            pass
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @link_app.command("emulate")
@@ -115,23 +123,23 @@ def emulate_cmd(
         emu = LinkEmulator(upstream, link=link, faults=fault_spec, seed=seed, host=host, port=port)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--upstream / --port") from None
-    try:
-        emu.start()
-    except LinkEmulatorError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--host / --port") from None
-    try:
+    with _stop_signals() as stop:  # a Ctrl-C during the start ends the run as soon as it is up
         try:
-            emu.check_upstream()
+            emu.start()
         except LinkEmulatorError as exc:
-            err_console().print(f"[yellow]warning[/yellow]: {show(exc)}")
-        described = f"{link.describe()}; {fault_spec.describe()}; seed {seed}"
-        _emit(fmt, {"event": "started", "endpoint": emu.endpoint, "upstream": upstream, "link": described},
-              f"link emulator on {emu.endpoint} -> {upstream}\n  {described}\n"
-              f"  export AWS_ENDPOINT_URL={emu.endpoint} AWS_ALLOW_HTTP=true\nCtrl-C stops it.")
-        _wait_for_stop()
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how this command ends
-    finally:
-        emu.close()
+            raise typer.BadParameter(str(exc), param_hint="--host / --port") from None
+        try:
+            try:
+                emu.check_upstream()
+            except LinkEmulatorError as exc:
+                err_console().print(f"[yellow]warning[/yellow]: {show(exc)}")
+            described = f"{link.describe()}; {fault_spec.describe()}; seed {seed}"
+            _emit(fmt, {"event": "started", "endpoint": emu.endpoint, "upstream": upstream, "link": described},
+                  f"link emulator on {emu.endpoint} -> {upstream}\n  {described}\n"
+                  f"  export AWS_ENDPOINT_URL={emu.endpoint} AWS_ALLOW_HTTP=true\nCtrl-C stops it.")
+            while not stop.wait(0.5):
+                pass
+        finally:
+            emu.close()
     stats = emu.stats
     _emit(fmt, {"event": "stopped", "stats": stats.to_dict()}, _summary(stats))

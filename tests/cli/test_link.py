@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cubelake.cli import app
+from cubelake.cli.link import _stop_signals
 from tests.conftest import S3Server, no_traceback
 
 runner = CliRunner()
@@ -45,7 +46,10 @@ def test_bad_arguments_exit_2_naming_them(args: list[str], needles: list[str]) -
 
 
 @pytest.mark.s3
-def test_runs_until_ctrl_c_then_reports(s3_server: S3Server, s3_bucket: str) -> None:
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_runs_until_ctrl_c_then_reports(s3_server: S3Server, s3_bucket: str, interrupts: int) -> None:
+    """Ctrl-C stops it and it reports; so do several in a row (``timeout -s INT`` signals twice: the child,
+    then its process group): the second lands while the emulator shuts down."""
     s3_server.client().put_object(Bucket=s3_bucket, Key="k", Body=b"hello")
     proc = subprocess.Popen(
         [sys.executable, "-m", "cubelake.cli", "link", "emulate", "--upstream", s3_server.endpoint,
@@ -62,7 +66,8 @@ def test_runs_until_ctrl_c_then_reports(s3_server: S3Server, s3_bucket: str) -> 
         resp = conn.getresponse()
         assert resp.status == 503
         assert resp.getheader("Retry-After") == "1"
-        proc.send_signal(signal.SIGINT)
+        for _ in range(interrupts):  # back to back, as ``timeout`` sends them
+            proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
@@ -74,3 +79,17 @@ def test_runs_until_ctrl_c_then_reports(s3_server: S3Server, s3_bucket: str) -> 
     assert stopped["event"] == "stopped"
     assert stopped["stats"]["requests"] == 1
     assert stopped["stats"]["faults"]["503"] == 1
+
+
+def test_every_stop_signal_is_absorbed_until_the_block_ends() -> None:
+    """Ctrl-C and SIGTERM, however many, set the stop event instead of raising (one raised during the
+    emulator's shutdown killed the command with exit 130); the previous handlers come back afterwards."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with _stop_signals() as stop:
+        assert not stop.is_set()
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+            signal.raise_signal(sig)
+        assert stop.is_set()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
