@@ -47,12 +47,13 @@ def root_to_allow(url: str) -> str:
     return f"{scheme}://{parent or where}"
 
 
-def _norm_key(path: str) -> str | None:
-    """An object key without ``.``/``..`` segments or empty segments; ``None`` if it tries to climb."""
-    segs = path.split("/")
-    if any(s in (".", "..") for s in segs):
-        return None
-    return path
+def _literal_key(path: str) -> bool:
+    """Whether an object path (``bucket/key``) is checked as written: no ``.``, ``..`` or empty segments.
+
+    An object store takes a key literally — ``other/../prefix/x`` and ``/prefix/x`` are keys outside
+    ``prefix/`` — so a path that normalising would move is refused, not normalised.
+    """
+    return not any(s in ("", ".", "..") for s in path.split("/"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +94,10 @@ class AllowedRoots:
                     f"{refs_path}: target {url!r} is a relative path; resolve it against its reference file's folder (resolve_url) first")
             where = os.path.realpath(where)
         else:
-            key = _norm_key(where)
-            if key is None:
-                raise UntrustedTargetError(f"{refs_path}: target {url!r} has '.'/'..' segments; refused")
-            where = posixpath.normpath(key) if key else key
+            if not _literal_key(where):
+                raise UntrustedTargetError(f"{refs_path}: target {url!r} has '.', '..' or empty segments in its "
+                                           "key, which an object store takes literally; refused (name the object "
+                                           "by its plain key)")
         if any(r.covers(scheme, where) for r in self._roots):
             return
         allowed = ", ".join(self.roots) or "(none)"

@@ -67,6 +67,19 @@ def _table(grids: list[ChunkGrid], size: int = 32, stride: int = 16) -> SampleTa
     return SampleTable.concat((size, size), [sliding_windows(i, g, (size, size), (stride, stride)) for i, g in enumerate(grids)])
 
 
+def _traversal_spread(g: ChunkGrid, size: int) -> int:
+    """Traversal steps between the first and last chunk of a ``size`` window, chunks visited row by row
+    along the grid's shorter side (either side when square), the window placed worst."""
+    span_y = min((size - 1) // g.chunk_y + 2, g.n_rows)
+    span_x = min((size - 1) // g.chunk_x + 2, g.n_cols)
+    spreads = []
+    if g.n_rows >= g.n_cols:
+        spreads.append((span_y - 1) * g.n_cols + span_x - 1)
+    if g.n_rows <= g.n_cols:
+        spreads.append((span_x - 1) * g.n_rows + span_y - 1)
+    return max(spreads)
+
+
 def _simulate_decodes(plan, resident: int) -> int:
     """Decodes an LRU of ``resident`` chunks needs to serve ``plan`` in order (releasing after last use)."""
     held: dict[int, None] = {}
@@ -101,6 +114,9 @@ def test_epoch_serves_every_sample_once_and_each_chunk_once_within_its_residency
         assert all(plan.first_use[i] <= pos <= plan.last_use[i] for i in plan.chunks_of(pos))
     peak = residency(plan)
     assert _simulate_decodes(plan, peak) == plan.chunks.shape[0]  # a resident set of `peak` decodes each once
+    # ... and that set is small: a round of k chunks plus, per scene in flight, the chunks between a window's
+    # first and last in the traversal (a shuffled serving order needs far more, and fails here)
+    assert peak <= k + flight * (max(_traversal_spread(g, 32) for g in grids) + 1)
 
 
 def test_local_order_needs_a_small_resident_set_and_random_order_a_large_one() -> None:

@@ -160,7 +160,7 @@ def test_the_loader_trusts_in_place_targets_through_the_lake_its_caller_names(la
     folder = lake.scene_dir(res.scene_id)
     with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
         open_source(folder, prefer=("refs",))  # the lake.json above the scene is not trusted by itself
-    with pytest.raises(UntrustedTargetError):
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
         open_source(folder / f"{res.scene_id}.refs.json")
     s = open_source(folder, prefer=("refs",), lake=lake.root)
     assert s.kind == "refs"

@@ -43,7 +43,7 @@ def test_other_bucket_is_untrusted(s3_server: S3Server, s3_bucket: str, geotiff,
     out = write_refs(build_refs(url, storage_options=s3_server.options), tmp_path / "r.json")
     with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
         open_array(out, storage_options=s3_server.options)
-    with pytest.raises(UntrustedTargetError):
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
         open_array(out, allowed_roots=[f"s3://{s3_bucket}-other"], storage_options=s3_server.options)
 
 
