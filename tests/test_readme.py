@@ -239,7 +239,8 @@ def manifest_block(block: Block, repo: Path) -> None:
     assert m.settings_for(m.inputs[0]).products == ("cog",)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.s3] if b.section in S3_SECTIONS else [])
+                                   for b in BLOCKS])
 def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.FixtureRequest) -> None:
     if block.section in S3_SECTIONS:
         request.getfixturevalue("s3_env")

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cubelake.cli import app
-from tests.conftest import hsi_cube, write_geotiff
+from tests.conftest import hsi_cube, no_traceback, run_cli, write_geotiff
 
 runner = CliRunner()
 
@@ -114,12 +114,26 @@ def test_lake_and_profiles_commands(tmp_path: Path, good: Path, bad: Path) -> No
 
 
 def test_quiet_and_verbose_flags(tmp_path: Path, good: Path) -> None:
-    q = runner.invoke(app, ["-q", "ingest", "--lake", str(tmp_path / "l1"), str(good)])
-    assert q.exit_code == 0
-    v = runner.invoke(app, ["-vv", "ingest", "--lake", str(tmp_path / "l2"), str(good)])
-    assert v.exit_code == 0
-    after = runner.invoke(app, ["ingest", str(good), "--lake", str(tmp_path / "l3"), "-q"])  # after the command too
-    assert after.exit_code == 0, after.output
+    """-q: only errors on stderr; default: warnings; -v: the library's INFO lines; -vv: DEBUG too. The
+    results on stdout are the same whatever the level; -q works after the command too."""
+    runs = {flags: run_cli(*flags[0], "ingest", *flags[1], "--lake", str(tmp_path / f"l{i}"), str(good))
+            for i, flags in enumerate([(("-q",), ()), ((), ()), (("-v",), ()), (("-vv",), ()), ((), ("-q",))])}
+    for (before, after), res in runs.items():
+        assert res.returncode == 0, (before, after, res.stderr)
+        no_traceback(res)
+        assert res.stdout.startswith(f"ingested  {good}  ("), res.stdout
+        assert "ingested: cog + zarr (5 of 5 bands, 40x50, uint16)" in res.stdout
+        assert res.stdout.endswith("1 scene(s): 1 ingested, 0 unchanged, 0 rejected\n"), res.stdout
+    quiet, default, info, debug, quiet_after = runs.values()
+    assert quiet.stderr == ""
+    assert quiet_after.stderr == ""
+    assert "INFO" not in default.stderr
+    assert "DEBUG" not in default.stderr
+    assert "INFO     cubelake.catalog.lake" in info.stderr
+    assert "catalog item good published" in " ".join(info.stderr.split())
+    assert "DEBUG" not in info.stderr
+    assert "DEBUG    " in debug.stderr
+    assert "INFO     cubelake.catalog.lake" in debug.stderr
 
 
 def test_missing_input_is_rejected_not_a_crash(tmp_path: Path, good: Path) -> None:

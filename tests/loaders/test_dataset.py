@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from cubelake.loaders import (
     ChunkReadError,
     CubeDataset,
+    LoaderMetrics,
     PlanSpec,
     ProductError,
     ReaderConfig,
@@ -94,7 +95,8 @@ def test_dataloader_workers_split_chunks_and_cover_the_epoch(synth_lake: dict[st
     plans = [ds.plan(0, worker=w, num_workers=2) for w in range(2)]
     assert m0.samples == len(single)
     assert m0.chunks_decoded == sum(p.chunks.shape[0] for p in plans)
-    assert 0 <= m0.stall_fraction <= 1
+    assert m0.stall_fraction == pytest.approx(m0.wait_s / m0.wall_s)
+    assert m0.stall_fraction > 0.5  # a consumer that computes nothing spends its epoch waiting for batches
     assert m0.wall_s > 0
     # persistent workers keep their decoded chunks: the small lake fits the budget, epoch 1 reads nothing
     assert m1.samples == len(single)
@@ -298,14 +300,37 @@ def test_bad_products_are_named(synth_lake: dict[str, Any], tmp_path: Path) -> N
 
 def test_metrics_report_reads_like_a_summary(synth_lake: dict[str, Any]) -> None:
     ds = CubeDataset(synth_lake["scenes"][:1], sampling=Sampling(size=32, stride=32, labels="none"), spectral=RAW)
-    for _ in ds.timed(ds):
-        pass
-    text = ds.metrics().report()
-    assert "samples/s" in text
-    assert "stall" in text
-    assert "requests" in text
-    assert "decoded" in text
-    assert ds.metrics().to_dict()["samples"] == ds.n_samples()
+    batches = sum(1 for _ in ds.timed(ds))
+    m = ds.metrics()
+    lines = m.report().splitlines()
+    assert lines[0].startswith(f"epoch 0: {ds.n_samples()} samples in {batches} batches, {m.wall_s:.2f} s (")
+    assert f"stall {m.wait_s / m.wall_s:.1%} (waited {m.wait_s:.2f} s)" in lines[0]
+    assert lines[1].startswith(f"  storage: {m.requests} requests, {m.bytes_fetched / 2**20:,.1f} MiB fetched")
+    assert m.requests > 0
+    assert lines[2].startswith(f"  decode: {ds.plan(0).chunks.shape[0]} chunks (0 again)")
+    assert m.to_dict()["samples"] == ds.n_samples()
+
+
+def test_metrics_report_figures_are_the_counters() -> None:
+    mib = 2**20
+    m = LoaderMetrics(epoch=3, samples=1000, batches=16, wall_s=2.0, wait_s=0.5, requests=40, bytes_fetched=10 * mib,
+                      bytes_used=20 * mib, bytes_decoded=30 * mib, chunks_decoded=12, redecodes=1, cache_hits=30,
+                      cache_misses=12, disk_hits=2, disk_misses=5, fetch_s=0.8, decode_s=1.2, chunk_wait_s=0.25,
+                      assemble_s=0.6, threads=2, failed_chunks=1, retries=4, throttled=2, dropped_samples=9,
+                      invalid_samples=3, hedges=5, hedge_wins=2)
+    assert m.report().splitlines()[:4] + m.report().splitlines()[5:] == [
+        "epoch 3: 1000 samples in 16 batches, 2.00 s (500 samples/s), stall 25.0% (waited 0.50 s)",
+        "  storage: 40 requests, 10.0 MiB fetched (0.50 per byte used), disk cache 2 hits / 5 misses",
+        "  decode: 12 chunks (1 again), 30.0 MiB decoded (1.50 per byte used), memory cache 30 hits / 12 misses",
+        "  time: fetch 0.80 s, decode 1.20 s (thread time), waiting for chunks 0.25 s, cutting batches 0.60 s",
+        # T_c = (2.0 - 0.5) / 16; T_d = max((0.8 + 1.2) / 2 threads, 0.6) / 16: bound 1.5 / 2.0
+        "  per batch: compute T_c 93.8 ms, load T_d 62.5 ms: utilisation bound 100%, measured 75%",
+        "  errors: 1 chunks failed (4 retries, 2 throttled), 9 samples dropped, 3 below min_valid; 5 hedged requests "
+        "(2 won)",
+    ]
+    assert m.report().splitlines()[4].startswith("  link: 41.9 Mbit/s fetched, 10.2 KiB per sample;")
+    slow = LoaderMetrics(samples=64, batches=4, wall_s=1.0, wait_s=0.6, fetch_s=2.0, decode_s=2.0, threads=2)
+    assert "load T_d 500.0 ms: utilisation bound 20%, measured 40%" in slow.report()  # T_c 100 ms / T_d 500 ms
 
 
 def test_catalog_search_results_are_loader_inputs(synth_lake: dict[str, Any]) -> None:
