@@ -97,3 +97,37 @@ def test_parse_chunk_size_accepts_multiples_of_16(good: int) -> None:
 def test_window_rejects_negative_size() -> None:
     with pytest.raises(ValueError, match="window size"):
         Window(0, 0, -1, 5)
+
+
+def test_relative_to_subtracts_the_outer_origin() -> None:
+    assert Window(10, 20, 5, 6).relative_to(Window(8, 16, 10, 10)) == Window(2, 4, 5, 6)
+    with pytest.raises(ValueError, match="is not inside"):
+        Window(10, 20, 5, 6).relative_to(Window(12, 16, 10, 10))
+
+
+@pytest.mark.parametrize("idx", [ChunkIndex(0, 4), ChunkIndex(4, 0), ChunkIndex(-1, 0), ChunkIndex(0, -1)])
+def test_every_chunk_index_off_the_grid_raises(idx: ChunkIndex) -> None:
+    grid = ChunkGrid(100, 100, 32, 32)
+    with pytest.raises(IndexError, match="outside a 4x4 grid"):
+        grid.chunk_window(idx)
+    assert grid.chunk_window(ChunkIndex(3, 3)) == Window(96, 96, 4, 4)  # the last chunk, clipped at the edge
+
+
+@pytest.mark.parametrize(("bad", "hint"), [(100, 96), (120, 128), (5, 16), (250, 256)])
+def test_a_bad_chunk_size_suggests_the_nearest_multiple(bad: int, hint: int) -> None:
+    with pytest.raises(ValueError, match=f"got {bad}; try {hint}$"):
+        parse_chunk_size(bad)
+
+
+def test_windows_sort_by_position_then_size() -> None:
+    ws = [Window(1, 0, 1, 1), Window(0, 5, 1, 1), Window(0, 2, 3, 3), Window(0, 2, 2, 9)]
+    assert sorted(ws) == [Window(0, 2, 2, 9), Window(0, 2, 3, 3), Window(0, 5, 1, 1), Window(1, 0, 1, 1)]
+
+
+@pytest.mark.parametrize(("window", "aligned"), [
+    (Window(0, 0, 32, 32), True), (Window(64, 96, 36, 4), True),  # ends at the raster's edge
+    (Window(5, 0, 27, 32), False), (Window(0, 5, 32, 27), False),  # a start off the grid, every other edge on it
+    (Window(0, 0, 31, 32), False), (Window(0, 0, 32, 31), False), (Window(96, 0, 8, 32), False),  # past the edge
+])
+def test_aligned_needs_every_edge_on_the_grid(window: Window, aligned: bool) -> None:
+    assert ChunkGrid(100, 100, 32, 32).is_aligned(window) is aligned

@@ -18,10 +18,12 @@ from cubelake.loaders import (
 )
 from cubelake.loaders.cache import Range
 from cubelake.loaders.plan import (
+    NextUse,
     _sample_chunk_ids,
     label_windows,
     random_windows,
     residency,
+    shard_report,
     sliding_windows,
     windows_in_chunks,
 )
@@ -250,3 +252,84 @@ def test_windows_in_chunks_equals_brute_force(r: int, c: int, h: int, w: int, bi
     assert windows_in_chunks(grid, rows, (h, w), mask, every=True)[0] == all(mask[t] for t in touched)
     assert windows_in_chunks(grid, rows, (h, w), mask, every=False)[0] == any(mask[t] for t in touched)
     assert windows_in_chunks(grid, rows[:0], (h, w), mask, every=True).shape == (0,)
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.lists(grids_st, min_size=1, max_size=3), st.integers(0, 2**31), st.integers(0, 400))
+def test_next_use_is_the_first_use_at_or_after_a_position(grids, seed, at) -> None:
+    plan = plan_epoch(grids, _table(grids), PlanSpec(seed=seed, chunks_per_round=4), 0)
+    position = at % (len(plan) + 1)
+    chunks = np.arange(plan.chunks.shape[0])
+    want = np.full(chunks.size, len(plan))
+    for pos in range(len(plan) - 1, position - 1, -1):  # brute force: walk back from the end
+        want[plan.chunks_of(pos)] = pos
+    np.testing.assert_array_equal(NextUse(plan).after(chunks, position), want)
+
+
+@pytest.mark.parametrize(("height", "width", "bands_of"), [(1024, 256, "rows"), (256, 1024, "cols"),
+                                                            (512, 512, "rows")])
+def test_strips_run_across_the_shorter_side(height: int, width: int, bands_of: str) -> None:
+    """A scene split between shards is cut into bands of whole chunk rows (tall or square scenes) or whole
+    chunk columns (wide ones): the seam is the short side."""
+    grids = [ChunkGrid(height, width, 64, 64)]
+    table = _table(grids)
+    for w in range(2):
+        plan = plan_epoch(grids, table, PlanSpec(seed=3), 0, worker=w, num_workers=2)
+        rows, cols = np.divmod(plan.chunks[:, 1], grids[0].n_cols)
+        across, along = (cols, rows) if bands_of == "rows" else (rows, cols)
+        assert set(across.tolist()) == set(range(grids[0].n_cols if bands_of == "rows" else grids[0].n_rows))
+        assert np.ptp(along) + 1 < (grids[0].n_rows if bands_of == "rows" else grids[0].n_cols)  # a band, not all
+
+
+def test_the_shard_report_counts_what_the_plans_serve_and_drop() -> None:
+    grids = [ChunkGrid(400 + 37 * i, 300 + 53 * i, 64, 64) for i in range(5)]
+    table = _table(grids)
+    spec = PlanSpec(seed=4, drop_last=True)
+    rep = shard_report(grids, table, spec, 0, world_size=2, num_workers=2)
+    plans = [[plan_epoch(grids, table, spec, 0, rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)]
+             for r in range(2)]
+    for r, ps in enumerate(plans):
+        row = rep["ranks"][r]
+        assert row["samples"] == sum(len(p) for p in ps)
+        assert row["dropped"] == sum(p.dropped for p in ps) == row["samples_before_trim"] - row["samples"]
+    assert rep["served"] + rep["dropped"] == rep["samples"] == len(table)
+    assert rep["ranks"][0]["samples"] == rep["ranks"][1]["samples"]
+    assert rep["dropped"] > 0  # the uneven scenes do not split exactly: the larger rank gives some up
+    # brute force over the plans' own chunk sets
+    shard_sets = [{(int(a), int(b)) for a, b in p.chunks} for ps in plans for p in ps]
+    rank_sets = [shard_sets[0] | shard_sets[1], shard_sets[2] | shard_sets[3]]
+    assert rep["chunks"] == len(set().union(*shard_sets))
+    assert rep["chunks_multi_rank"] == len(rank_sets[0] & rank_sets[1])
+    assert rep["chunks_multi_shard"] == sum(
+        sum(key in other for other in shard_sets) > 1 for key in set().union(*shard_sets))
+    assert [p.shard for ps in plans for p in ps] == [0, 1, 2, 3]
+    assert {p.num_shards for ps in plans for p in ps} == {4}
+    assert rep["chunks_multi_rank_fraction"] == rep["chunks_multi_rank"] / rep["chunks"]
+    assert rep["chunks_multi_shard_fraction"] == rep["chunks_multi_shard"] / rep["chunks"]
+    assert 0 < rep["chunks_multi_shard"] < rep["chunks"]
+
+
+def test_geohash_shards_of_several_scenes_serve_each_sample_once_in_rounds() -> None:
+    grids = [ChunkGrid(256, 384, 64, 64), ChunkGrid(320, 320, 32, 32), ChunkGrid(192, 256, 64, 64)]
+    table = _table(grids)
+    s, r, c = table.rows[:, 0], table.rows[:, 1], table.rows[:, 2]
+    cells = np.array([f"u{a}{b // 96}{d // 96}zz" for a, b, d in zip(s, r, c, strict=True)])
+    spec = PlanSpec(seed=6, chunks_per_round=4, scenes_in_flight=2, shard_by="geohash")
+    served: list[int] = []
+    for w in range(2):
+        plan = plan_epoch(grids, table, spec, 0, worker=w, num_workers=2, cells=cells)
+        served.extend(plan.order.tolist())
+        for pos in range(len(plan)):
+            sc, row, col = table.rows[plan.order[pos]]
+            want = {(int(sc), cy * grids[sc].n_cols + cx) for cy, cx in window_chunks(grids[sc], int(row), int(col),
+                                                                                     table.size)}
+            assert {tuple(int(v) for v in plan.chunks[i]) for i in plan.chunks_of(pos)} == want
+        assert residency(plan) <= 4 + 2 * (max(_traversal_spread(g, 32) for g in grids) + 1)
+    assert sorted(served) == list(range(len(table)))
+
+
+def test_a_shard_left_without_chunks_serves_nothing() -> None:
+    grids = [ChunkGrid(64, 64, 64, 64)]  # one chunk: one worker gets it, the others nothing
+    table = _table(grids)
+    sizes = [len(plan_epoch(grids, table, PlanSpec(seed=1), 0, worker=w, num_workers=3)) for w in range(3)]
+    assert sorted(sizes) == [0, 0, len(table)]

@@ -300,3 +300,15 @@ def test_real_enmap_tiles_an_area_search_balance_and_geohash_shards(enmap_lake: 
     assert float(weights.min()) >= 1.0
     assert float(weights.max()) <= 2.0
 
+
+
+def test_sizes_and_strides_are_an_int_or_a_height_width_pair() -> None:
+    from cubelake.loaders.samplers import RandomSampler, SlidingSampler
+
+    s = SlidingSampler.of((16, 32), (8, 24))
+    assert (s.size, s.stride) == ((16, 32), (8, 24))
+    assert SlidingSampler.of(np.int64(20)).stride == (20, 20)  # the stride defaults to the size
+    assert RandomSampler.of([12, 40], 5).size == (12, 40)
+    for bad in (0, (16, 0), (-8, 8)):
+        with pytest.raises(ValueError, match="window size must be positive"):
+            SlidingSampler.of(bad)
