@@ -49,6 +49,8 @@ def _to_scene(crs_wkt: str) -> Transformer:
 def region_of(area: BaseGeometry, grid: ChunkGrid, crs_wkt: str,
               transform: tuple[float, float, float, float, float, float]) -> Region:
     """``area`` (WGS84 lon/lat) in the pixels of a scene with this grid, CRS and affine transform (a..f)."""
+    if not area.is_valid:  # before densifying: segmentize turns a self-crossing ring into one of its parts
+        area = shapely.make_valid(area)
     dense = shapely.segmentize(area, _SEGMENT_DEG)
     to_scene = _to_scene(crs_wkt)
     a, b, c, d, e, f = transform

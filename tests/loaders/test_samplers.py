@@ -312,3 +312,46 @@ def test_sizes_and_strides_are_an_int_or_a_height_width_pair() -> None:
     for bad in (0, (16, 0), (-8, 8)):
         with pytest.raises(ValueError, match="window size must be positive"):
             SlidingSampler.of(bad)
+
+
+@pytest.mark.parametrize("rule", ["center", "intersects", "within"])
+def test_each_window_rule_keeps_exactly_the_brute_force_windows(rule: str) -> None:
+    """Per window, in the region's own pixel space: the rule's test on one shapely geometry at a time, and every
+    chunk the window touches meeting the area."""
+    grid = ChunkGrid(300, 260, 64, 64)
+    aoi = shapely.Polygon([lonlat(*p) for p in [(40, 30), (60, 200), (230, 170), (250, 60), (120, 100)]])
+    reg = region_of(aoi, grid, UTM33, (30.0, 0.0, ORIGIN[0], 0.0, -30.0, ORIGIN[1]))
+    table = SlidingSampler.of((16, 24), (8, 12)).windows(SceneView(0, grid), 0, 0)
+    want = set()
+    for r, c in table.rows[:, 1:].tolist():
+        if rule == "center":
+            ok = reg.shape.intersects(shapely.Point(c + 12 + 0.5, r + 8 + 0.5))
+        elif rule == "intersects":
+            ok = reg.shape.intersects(box(c, r, c + 24, r + 16))
+        else:
+            ok = reg.shape.covers(box(c, r, c + 24, r + 16))
+        chunks = [(y, x) for y in range(r // 64, min(r + 15, 299) // 64 + 1) for x in range(c // 64, min(c + 23, 259) // 64 + 1)]
+        if ok and all(reg.chunks[y, x] for y, x in chunks):
+            want.add((r, c))
+    got = {(int(r), int(c)) for r, c in restrict(table, grid, reg, rule).rows[:, 1:]}  # type: ignore[arg-type]
+    assert got == want
+    assert 0 < len(got) < len(table)
+
+
+def test_an_invalid_area_is_made_valid_before_it_is_used() -> None:
+    """A self-crossing (bow-tie) area: its two triangles, not GEOS's undefined answers on an invalid ring."""
+    grid = ChunkGrid(300, 260, 64, 64)
+    tie = shapely.Polygon([lonlat(*p) for p in [(20, 20), (280, 240), (280, 20), (20, 240)]])
+    assert not tie.is_valid
+    reg = region_of(tie, grid, UTM33, (30.0, 0.0, ORIGIN[0], 0.0, -30.0, ORIGIN[1]))
+    assert reg.shape.is_valid
+    assert reg.shape.area == pytest.approx(2 * 0.5 * 260 * 110, rel=0.02)  # two triangles: base 260 px, height 130 px
+    assert not reg.chunks[2, 0]  # the crossing point's left and right: outside both triangles
+    assert reg.chunks[0, 1] and reg.chunks[4, 1]
+
+
+def test_random_windows_need_no_labels() -> None:
+    from cubelake.loaders.samplers import RandomSampler
+
+    assert RandomSampler.of(8, 4).needs_labels is False
+    assert SlidingSampler.of(8).needs_labels is False
