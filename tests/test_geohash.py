@@ -68,3 +68,19 @@ def test_catalog_geohash_is_the_core_module_re_exported() -> None:
     for name in [*catalog_geohash.__all__, "MAX_CELLS", "intersects_cells"]:
         assert getattr(catalog_geohash, name) is getattr(geohash, name)
     assert catalog_geohash.__all__ == ["BASE32", "cell_bounds", "cover", "encode", "expand", "parse_prefix"]
+
+
+def test_cover_is_a_true_cover_of_the_footprint_and_empty_for_nothing() -> None:
+    import shapely
+    from shapely.geometry import box
+
+    from cubelake.geohash import cover
+
+    foot = box(13.001, 52.001, 13.029, 52.018)
+    cells = cover(foot, 6)
+    assert cells == sorted(cells)
+    assert cells
+    union = shapely.union_all([box(*cell_bounds(c)) for c in cells])
+    assert union.covers(foot)
+    assert all(box(*cell_bounds(c)).intersects(foot) for c in cells)
+    assert cover(shapely.Polygon(), 6) == []

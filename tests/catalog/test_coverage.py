@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from cubelake.catalog.coverage import (
     band_intervals,
     covers,
+    merge_arrays,
     merge_intervals,
     merged_coverage,
     parse_wavelength_range,
@@ -223,3 +225,9 @@ def test_parse_wavelength_range_errors(text: str) -> None:
     assert "LO:HI in nm" in message
     assert "LO <= HI" in message
     assert "0.4:2.4um" in message
+
+
+def test_a_band_open_towards_short_wavelengths_starts_the_first_interval() -> None:
+    """A band whose lower edge is -inf (nothing precedes it): the first interval starts there, merged or not."""
+    assert merge_arrays(np.array([-np.inf, 400.0]), np.array([300.0, 500.0])) == [(-np.inf, 300.0), (400.0, 500.0)]
+    assert merge_arrays(np.array([-np.inf, 100.0]), np.array([300.0, 500.0])) == [(-np.inf, 500.0)]

@@ -310,7 +310,7 @@ def test_the_shard_report_counts_what_the_plans_serve_and_drop() -> None:
 
 
 def test_geohash_shards_of_several_scenes_serve_each_sample_once_in_rounds() -> None:
-    grids = [ChunkGrid(256, 384, 64, 64), ChunkGrid(320, 320, 32, 32), ChunkGrid(192, 256, 64, 64)]
+    grids = [ChunkGrid(512, 512, 64, 64), ChunkGrid(384, 640, 64, 64), ChunkGrid(448, 448, 64, 64)]
     table = _table(grids)
     s, r, c = table.rows[:, 0], table.rows[:, 1], table.rows[:, 2]
     cells = np.array([f"u{a}{b // 96}{d // 96}zz" for a, b, d in zip(s, r, c, strict=True)])

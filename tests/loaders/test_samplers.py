@@ -345,9 +345,10 @@ def test_an_invalid_area_is_made_valid_before_it_is_used() -> None:
     assert not tie.is_valid
     reg = region_of(tie, grid, UTM33, (30.0, 0.0, ORIGIN[0], 0.0, -30.0, ORIGIN[1]))
     assert reg.shape.is_valid
-    assert reg.shape.area == pytest.approx(2 * 0.5 * 260 * 110, rel=0.02)  # two triangles: base 260 px, height 130 px
-    assert not reg.chunks[2, 0]  # the crossing point's left and right: outside both triangles
-    assert reg.chunks[0, 1] and reg.chunks[4, 1]
+    assert reg.shape.area == pytest.approx(2 * 0.5 * 220 * 130, rel=0.02)  # two triangles: base 220 px, height 130 px
+    assert not reg.chunks[2, 0]  # left of the crossing point: outside both triangles
+    assert reg.chunks[0, 1]  # the upper triangle
+    assert reg.chunks[4, 1]  # and the lower one (segmentize kept only one of the two)
 
 
 def test_random_windows_need_no_labels() -> None:
