@@ -84,3 +84,20 @@ def test_cover_is_a_true_cover_of_the_footprint_and_empty_for_nothing() -> None:
     assert union.covers(foot)
     assert all(box(*cell_bounds(c)).intersects(foot) for c in cells)
     assert cover(shapely.Polygon(), 6) == []
+
+
+def test_prefixes_are_lower_cased_and_checked() -> None:
+    from cubelake.geohash import parse_prefix
+
+    assert parse_prefix(" U33d ") == "u33d"
+    for bad, match in [("", "is not valid"), ("u3a", r"\(not 'a'\)"), ("u" * 13, "longer than 12")]:
+        with pytest.raises(ValueError, match=match):
+            parse_prefix(bad)
+
+
+def test_expand_names_every_cell_of_the_precision_under_a_prefix() -> None:
+    from cubelake.geohash import expand
+
+    cells = expand(["u3", "u4b"], 3)
+    assert cells == sorted([f"u3{ch}" for ch in BASE32] + ["u4b"])
+    assert expand(["u3q"], 3) == ["u3q"]

@@ -476,3 +476,16 @@ def test_intersects_errors_name_the_source(doc: Any, needle: str) -> None:
         parse_intersects(doc if isinstance(doc, str) else json.dumps(doc), "fields/field.geojson")
     assert str(exc.value).startswith("fields/field.geojson: ")
     assert needle in str(exc.value)
+
+
+def test_one_band_is_the_smallest_min_bands() -> None:
+    assert parse_query(Query(min_bands=1)).min_bands == 1
+
+
+def test_a_query_is_an_immutable_value() -> None:
+    import dataclasses
+
+    q = Query(ids=["a"], limit=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.limit = 6  # type: ignore[misc]
+    assert q == Query(ids=["a"], limit=5)
