@@ -489,3 +489,13 @@ def test_a_query_is_an_immutable_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         q.limit = 6  # type: ignore[misc]
     assert q == Query(ids=["a"], limit=5)
+
+
+@pytest.mark.parametrize(("doc", "match"), [
+    ({"type": "Box", "coordinates": [0, 0]}, "type 'Box' is not a GeoJSON geometry, Feature or FeatureCollection"),
+    ({"type": "Polygon", "coordinates": [[[-190, 0], [-170, 0], [-170, 10], [-190, 0]]]}, "bounds are"),
+    ({"type": "Polygon", "coordinates": [[[10, 80], [20, 80], [20, 95], [10, 80]]]}, "bounds are"),
+])
+def test_a_search_geometry_must_be_geojson_in_lon_lat(doc: dict[str, Any], match: str) -> None:
+    with pytest.raises(CatalogQueryError, match=match):
+        parse_intersects(doc)
