@@ -47,7 +47,8 @@ class BandSelection:
 
     @property
     def is_all(self) -> bool:
-        return len(self.keep) == self.n_source
+        """Every source band, in source order (a permutation of them still needs ``raw[keep]``)."""
+        return self.keep == tuple(range(self.n_source))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -154,3 +154,103 @@ def test_nodata_outside_the_dtype_never_matches() -> None:
     raw = np.array([[[0, 65535, 7]]], dtype=np.uint16)
     stored, _ = plan.apply(raw)
     assert stored.tolist() == [[[0.0, 65535.0, 7.0]]]
+
+
+# -- CalibrationPlan against a band-by-band oracle -------------------------------------------------------
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> tuple[CalibrationPlan, np.ndarray]:
+    n = draw(st.integers(1, 40))  # more than one group of 16 bands
+    dtype = draw(st.sampled_from(["uint16", "int16", "float32"]))
+    keep = tuple(draw(st.permutations(range(n)))[: draw(st.integers(1, n))])  # any subset, in any order
+    nodata = draw(st.sampled_from([None, 0.0, 7.0] + ([math.nan, -9999.0] if dtype != "uint16" else [])))
+    kind = draw(st.sampled_from(["passthrough", "linear-float", "linear-int16"]))
+    gains = tuple(draw(st.floats(0.5, 3.0)) for _ in keep) if kind != "passthrough" else (1.0,) * len(keep)
+    offsets = tuple(draw(st.floats(-5.0, 5.0)) for _ in keep) if kind != "passthrough" else (0.0,) * len(keep)
+    enc = {"passthrough": CFEncoder(dtype, fill_value=nodata),
+           "linear-float": CFEncoder("float32"),
+           "linear-int16": CFEncoder("int16", scale_factor=0.05, add_offset=-3.0, fill_value=-32768)}[kind]
+    plan = CalibrationPlan(dtype, BandSelection(n, keep), nodata, LinearCoder(gains, offsets), enc)
+    raw = draw(hnp.arrays(np.dtype(dtype), (n, 3, 4), elements=st.integers(0, 9) if dtype != "float32" else
+                          st.sampled_from([0.0, 1.5, 7.0, -9999.0, math.nan, math.inf, 3.25])))
+    return plan, raw
+
+
+def _oracle(plan: CalibrationPlan, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Band by band, pixel by pixel in float64: mask, gain/offset, then the stored encoding."""
+    enc = plan.encoding
+    out = np.empty((len(plan.selection.keep), *raw.shape[1:]), np.dtype(enc.dtype))
+    for b, src in enumerate(plan.selection.keep):
+        for y, x in np.ndindex(*raw.shape[1:]):
+            dn = float(raw[src, y, x])
+            bad = not math.isfinite(dn) or (plan.nodata is not None and dn == plan.nodata)
+            value = math.nan if bad else plan.linear.gains[b] * dn + plan.linear.offsets[b]
+            if plan.passthrough:  # the source values, the fill value where they are missing
+                out[b, y, x] = enc.fill_value if bad and enc.fill_value is not None else raw[src, y, x]
+            elif enc.dtype == "float32":
+                out[b, y, x] = value
+            else:
+                out[b, y, x] = enc.fill_value if bad else min(32767, max(-32767, round((value - enc.add_offset) / enc.scale_factor)))
+    return out, np.array([0] * len(plan.selection.keep))
+
+
+@settings(max_examples=80, deadline=None)
+@given(_plans())
+def test_apply_and_valid_pixels_equal_a_band_by_band_oracle(case: tuple[CalibrationPlan, np.ndarray]) -> None:
+    plan, raw = case
+    want, _ = _oracle(plan, raw)
+    got, clipped = plan.apply(raw)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype
+    assert clipped.tolist() == [0] * plan.n_out
+    valid = np.zeros(raw.shape[1:], bool)
+    for src in plan.selection.keep:
+        v = np.isfinite(raw[src].astype(np.float64))
+        if plan.nodata is not None and not math.isnan(plan.nodata):
+            v &= raw[src] != plan.nodata
+        valid |= v
+    pixels = plan.valid_pixels(raw)
+    if valid.all():
+        assert pixels is None
+    else:
+        np.testing.assert_array_equal(pixels, valid)
+    with pytest.raises(ValueError, match=f"expected {raw.shape[0]} source bands, got {raw.shape[0] + 1}"):
+        plan.apply(np.concatenate([raw, raw[:1]]))
+
+
+def _plan(**kw: object) -> CalibrationPlan:
+    base: dict[str, object] = {"source_dtype": "int16", "selection": BandSelection(3, (0, 1, 2)), "nodata": -1.0,
+                               "linear": LinearCoder((1.0,) * 3, (0.0,) * 3),
+                               "encoding": CFEncoder("int16", fill_value=-1.0)}
+    return CalibrationPlan(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_as_reference_says_what_a_reference_cannot_express() -> None:
+    assert _plan().as_reference() == (CFEncoder("int16", 1.0, 0.0, -1.0), None)
+    scaled = _plan(linear=LinearCoder((0.5,) * 3, (2.0,) * 3),
+                   encoding=CFEncoder("int16", scale_factor=0.5, add_offset=2.0, fill_value=-1.0))
+    assert scaled.as_reference() == (CFEncoder("int16", 0.5, 2.0, -1.0), None)
+    for plan, why in [
+        (_plan(selection=BandSelection(3, (0, 2), {2: "bbl"})), "removes bands (2)"),
+        (_plan(linear=LinearCoder((1.0, 2.0, 1.0), (0.0,) * 3)), "per-band gain/offset"),
+        (_plan(encoding=CFEncoder("float32")), "stores float32 values from int16"),
+        (_plan(linear=LinearCoder((0.5,) * 3, (0.0,) * 3), encoding=CFEncoder("int16", 0.25, 0.0, -1.0)),
+         "gain 0.5, offset 0 into scale_factor 0.25"),
+        (_plan(linear=LinearCoder((1.0,) * 3, (2.0,) * 3), encoding=CFEncoder("int16", 1.0, 1.0, -1.0)),
+         "offset 2 into scale_factor 1, add_offset 1"),
+    ]:
+        enc, reason = plan.as_reference()
+        assert enc is None
+        assert reason is not None
+        assert why in reason
+
+
+def test_broadcast_gives_one_value_per_band() -> None:
+    from cubelake.ingest.calibrate import broadcast
+
+    assert broadcast(None, 3, 1.5, "gain") == [1.5, 1.5, 1.5]
+    assert broadcast(2, 2, 1.0, "gain") == [2.0, 2.0]
+    assert broadcast([1, 2, 3], 3, 1.0, "gain") == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="gain has 2 values for 3 bands"):
+        broadcast([1, 2], 3, 1.0, "gain")
