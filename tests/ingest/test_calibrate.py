@@ -254,3 +254,12 @@ def test_broadcast_gives_one_value_per_band() -> None:
     assert broadcast([1, 2, 3], 3, 1.0, "gain") == [1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match="gain has 2 values for 3 bands"):
         broadcast([1, 2], 3, 1.0, "gain")
+
+
+def test_the_calibration_records_are_immutable() -> None:
+    import dataclasses
+
+    plan = _plan()
+    for obj, field in [(plan, "nodata"), (plan.selection, "keep"), (plan.linear, "gains"), (plan.encoding, "dtype")]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, field, None)
