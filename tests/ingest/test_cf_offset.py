@@ -77,3 +77,21 @@ def test_zarr_and_cog_decode_to_the_physical_values(lakes: tuple[Path, Path]) ->
     for product in (f"{name}.zarr", f"{name}.refs.json"):
         ours = cubelake.open_dataset(scaled / product, chunks=None)["data"].values
         np.testing.assert_allclose(ours[ok], truth[ok], rtol=0, atol=SCALE / 2 + 1e-6)
+
+
+def test_the_range_ends_are_data_and_only_beyond_them_is_clipped() -> None:
+    """The lowest/highest storable value is data (not clipped, not counted); the fill value at an end of the
+    type is left out of the range, so no value is ever stored as the fill."""
+    enc = CFEncoder("uint16", fill_value=65535.0)
+    assert enc.valid_range() == (0.0, 65534.0)
+    stored, clipped = enc.encode(np.array([[[70000.0, 65534.0, 0.0, -5.0]]]))
+    assert stored.tolist() == [[[65534, 65534, 0, 0]]]
+    assert clipped.tolist() == [2]
+    low = CFEncoder("int16", fill_value=-32768.0)
+    assert low.valid_range() == (-32767.0, 32767.0)
+    assert low.encode(np.array([[[-32767.0, 32767.0]]]))[1].tolist() == [0]
+    top = float(np.finfo(np.float32).max)
+    f32, n = CFEncoder("float32").encode(np.array([[[top, -top, 1e39, np.nan]]]))
+    assert n.tolist() == [1]
+    assert f32[0, 0, :3].tolist() == [top, -top, top]
+    assert np.isnan(f32[0, 0, 3])
