@@ -29,8 +29,8 @@ def resolve_url(url: str, base: str) -> str:
     The result is only joined and normalised, not checked: :meth:`AllowedRoots.check` resolves
     symlinks and decides whether it may be read.
     """
-    scheme, where = split_url(url)
-    if scheme != "file" or "://" in url or os.path.isabs(where):
+    where = split_url(url)[1]
+    if "://" in url or os.path.isabs(where):  # a URL (object store or file://) or an absolute path
         return url
     if "://" in base:  # a set on an object store: its relative targets lie beside it there
         b_scheme, rest = base.split("://", 1)

@@ -207,3 +207,31 @@ def test_cli_check_trusts_the_lake_it_is_given(tmp_path: Path, geotiff) -> None:
     assert not_a_lake.returncode == 2
     assert "no cubelake lake here" in not_a_lake.stderr
     assert "Traceback" not in not_a_lake.stderr
+
+
+def test_a_root_is_resolved_like_the_targets_it_allows(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    roots = AllowedRoots([str(tmp_path / "link"), "s3://bucket/prefix"])
+    assert roots.roots == [str(real), "s3://bucket/prefix"]  # the root's real path; object roots keep their scheme
+    roots.check(str(real / "x.tif"))  # the real path of a target under the linked root
+    roots.check(str(tmp_path / "link" / "x.tif"))
+
+
+@pytest.mark.parametrize(("target", "hint"), [("s3://bucket/other/x.tif", "--allow-root s3://bucket/other"),
+                                              ("/data/elsewhere/x.tif", "--allow-root /data/elsewhere"),
+                                              ("az://box/a/b/x.tif", "--allow-root az://box/a/b")])
+def test_a_refused_target_names_the_root_that_would_allow_it(target: str, hint: str) -> None:
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots") as info:
+        AllowedRoots(["s3://bucket/prefix"]).check(target)
+    assert hint in str(info.value)
+
+
+def test_relative_targets_resolve_beside_their_reference_file() -> None:
+    from cubelake.refs.security import resolve_url
+
+    assert resolve_url("tiles/x.tif", "/lake/refs") == "/lake/refs/tiles/x.tif"
+    assert resolve_url("../x.tif", "s3://bucket/refs") == "s3://bucket/x.tif"
+    for unchanged in ("/abs/x.tif", "s3://bucket/x.tif", "file:///abs/x.tif", "az://box/x.tif"):
+        assert resolve_url(unchanged, "/lake/refs") == unchanged
