@@ -95,3 +95,27 @@ def test_the_range_ends_are_data_and_only_beyond_them_is_clipped() -> None:
     assert n.tolist() == [1]
     assert f32[0, 0, :3].tolist() == [top, -top, top]
     assert np.isnan(f32[0, 0, 3])
+
+
+@pytest.mark.parametrize("enc", [CFEncoder("uint16", fill_value=0.0), CFEncoder("uint16", fill_value=65535.0),
+                                 CFEncoder("float32", fill_value=float("nan")), CFEncoder("int16", 0.5, -2.0, -32768.0),
+                                 CFEncoder("float32")])
+def test_an_encoder_survives_its_json_record_and_decodes_only_the_fill_as_missing(enc: CFEncoder) -> None:
+    import json
+    import math
+
+    back = CFEncoder.from_dict(json.loads(json.dumps(enc.to_dict())))  # as read back from scene.json
+    assert (back.dtype, back.scale_factor, back.add_offset) == (enc.dtype, enc.scale_factor, enc.add_offset)
+    if enc.fill_value is not None and math.isnan(enc.fill_value):
+        assert back.fill_value is not None
+        assert math.isnan(back.fill_value)
+    else:
+        assert back.fill_value == enc.fill_value
+    stored = np.array([[[1, 2, 300]]], dtype=enc.dtype)
+    if enc.fill_value is not None and not math.isnan(enc.fill_value):
+        stored[0, 0, 1] = enc.fill_value
+    got = back.decode(stored)
+    want = stored.astype(np.float64) * enc.scale_factor + enc.add_offset
+    if enc.fill_value is not None and not math.isnan(enc.fill_value):
+        want[0, 0, 1] = np.nan
+    np.testing.assert_array_equal(got, want)
