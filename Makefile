@@ -6,7 +6,7 @@ DATA   ?= $(firstword $(wildcard ../shared/data/real /work/shared/data/real) ../
 LAKE   ?= lake
 SAMPLES ?= samples
 
-.PHONY: demo samples test lint bench clean
+.PHONY: demo samples test lint bench mutate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check cubelake ingest catalog loaders tests bench
+	$(BIN)/ruff check cubelake ingest catalog loaders tests bench mutation
 	$(BIN)/mypy cubelake ingest catalog loaders
 
 bench: $(VENV)/.installed
@@ -47,5 +47,10 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/catalog.py --items 1000000 --queries 200
 	$(BIN)/python bench/loader.py
 
+# mutation testing (Cosmic Ray) of the pure and security-critical modules: mutation/modules.toml lists them with
+# their tests; a module unchanged since its last run is not run again; fails if a score falls (mutation/scores.json)
+mutate: $(VENV)/.installed
+	$(BIN)/python mutation/run.py $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) $(LAKE) $(SAMPLES) .pytest_cache
+	rm -rf $(VENV) $(LAKE) $(SAMPLES) .pytest_cache .mutation
