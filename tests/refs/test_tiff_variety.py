@@ -537,3 +537,12 @@ def test_real_geotiff(tmp_path: Path, tif: Path) -> None:
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         rasterio.shutil.copy(tif, cog, driver="COG", BLOCKSIZE=256, COMPRESS="ZSTD", PREDICTOR=3 if floats else 2)
         assert_refs_match(cog, tmp_path, reference=tif)
+
+
+def test_codec_config_names_only_what_its_compression_uses() -> None:
+    plain = TiffTileCodec("deflate", 2, "<u2", (4, 4, 3))
+    assert plain.get_config() == {"id": "cubelake_tiff", "compression": "deflate", "predictor": 2, "dtype": "<u2",
+                                  "shape": [4, 4, 3]}
+    jpeg = TiffTileCodec("jpeg", 1, "|u1", (8, 8, 3), jpegtables="AAE=", colorspace=6, outcolorspace=2)
+    assert jpeg.get_config() == {"id": "cubelake_tiff", "compression": "jpeg", "predictor": 1, "dtype": "|u1",
+                                 "shape": [8, 8, 3], "jpegtables": "AAE=", "colorspace": 6, "outcolorspace": 2}
