@@ -489,6 +489,12 @@ def test_a_query_is_an_immutable_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         q.limit = 6  # type: ignore[misc]
     assert q == Query(ids=["a"], limit=5)
+    f = parse_filter("eo:cloud_cover < 5")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f.value = 50  # type: ignore[misc]
+    pq = parse_query(q)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pq.limit = 6  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(("doc", "match"), [
