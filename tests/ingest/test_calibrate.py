@@ -168,7 +168,8 @@ def _plans(draw: st.DrawFn) -> tuple[CalibrationPlan, np.ndarray]:
     kind = draw(st.sampled_from(["passthrough", "linear-float", "linear-int16"]))
     gains = tuple(draw(st.floats(0.5, 3.0)) for _ in keep) if kind != "passthrough" else (1.0,) * len(keep)
     offsets = tuple(draw(st.floats(-5.0, 5.0)) for _ in keep) if kind != "passthrough" else (0.0,) * len(keep)
-    enc = {"passthrough": CFEncoder(dtype, fill_value=nodata),
+    fill = draw(st.sampled_from([nodata, None, 0.0, 7.0]))  # the stored fill need not be the source's nodata
+    enc = {"passthrough": CFEncoder(dtype, fill_value=fill),
            "linear-float": CFEncoder("float32"),
            "linear-int16": CFEncoder("int16", scale_factor=0.05, add_offset=-3.0, fill_value=-32768)}[kind]
     plan = CalibrationPlan(dtype, BandSelection(n, keep), nodata, LinearCoder(gains, offsets), enc)
