@@ -223,6 +223,8 @@ def test_apply_and_valid_pixels_equal_a_band_by_band_oracle(case: tuple[Calibrat
         np.testing.assert_array_equal(pixels, valid)
     with pytest.raises(ValueError, match=f"expected {raw.shape[0]} source bands, got {raw.shape[0] + 1}"):
         plan.apply(np.concatenate([raw, raw[:1]]))
+    with pytest.raises(ValueError, match=f"expected {raw.shape[0]} source bands, got {raw.shape[0] - 1}"):
+        plan.apply(raw[:-1])
 
 
 def _plan(**kw: object) -> CalibrationPlan:
