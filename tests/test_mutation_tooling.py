@@ -31,6 +31,7 @@ def test_every_listed_module_and_test_exists_and_has_a_recorded_score() -> None:
         assert e["module"] in recorded
         assert e["why"].strip()
         assert e["mutant"] != e["line"]
+        assert set(e) <= {"module", "line", "mutant", "next", "why"}
         where = ROOT / e["module"]
         text = "\n".join(f.read_text() for f in (where.rglob("*.py") if where.is_dir() else [where]))
         assert e["line"] in {ln.strip() for ln in text.splitlines()}, f"stale justification: {e['line']!r}"
