@@ -242,6 +242,7 @@ def test_as_reference_says_what_a_reference_cannot_express() -> None:
     for plan, why in [
         (_plan(selection=BandSelection(3, (0, 2), {2: "bbl"})), "removes bands (2)"),
         (_plan(linear=LinearCoder((1.0, 2.0, 1.0), (0.0,) * 3)), "per-band gain/offset"),
+        (_plan(linear=LinearCoder((1.0,) * 3, (0.0, 1.0, 0.0))), "per-band gain/offset"),
         (_plan(encoding=CFEncoder("float32")), "stores float32 values from int16"),
         (_plan(linear=LinearCoder((0.5,) * 3, (0.0,) * 3), encoding=CFEncoder("int16", 0.25, 0.0, -1.0)),
          "gain 0.5, offset 0 into scale_factor 0.25"),
@@ -271,3 +272,26 @@ def test_the_calibration_records_are_immutable() -> None:
     for obj, field in [(plan, "nodata"), (plan.selection, "keep"), (plan.linear, "gains"), (plan.encoding, "dtype")]:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, field, None)
+
+
+def test_valid_pixels_are_valid_in_any_kept_band_across_band_groups() -> None:
+    raw = np.zeros((20, 1, 3), np.uint16)  # nodata 0 everywhere, then:
+    raw[0, 0, 0] = raw[18, 0, 0] = 5  # valid in the first group of 16 bands and in the second
+    raw[18, 0, 1] = 5  # valid in the second group only
+    plan = _plan(source_dtype="uint16", selection=BandSelection(20, tuple(range(20))), nodata=0.0,
+                 linear=LinearCoder((1.0,) * 20, (0.0,) * 20), encoding=CFEncoder("uint16", fill_value=0.0))
+    pixels = plan.valid_pixels(raw)
+    assert pixels is not None
+    assert pixels.tolist() == [[True, True, False]]
+
+
+@pytest.mark.parametrize(("nodata", "fill"), [(7.0, 0.0), (0.0, 7.0), (7.0, 7.0), (None, 0.0), (7.0, None)])
+def test_passthrough_stores_the_fill_value_where_the_source_has_nodata(nodata: float | None, fill: float | None) -> None:
+    raw = np.array([[[0, 7, 3]], [[7, 7, 1]]], np.uint16)
+    plan = _plan(source_dtype="uint16", selection=BandSelection(2, (0, 1)), nodata=nodata,
+                 linear=LinearCoder((1.0, 1.0), (0.0, 0.0)), encoding=CFEncoder("uint16", fill_value=fill))
+    assert plan.passthrough
+    want = raw.copy()
+    if nodata is not None and fill is not None:
+        want[raw == nodata] = fill
+    np.testing.assert_array_equal(plan.apply(raw)[0], want)
