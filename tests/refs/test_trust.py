@@ -213,8 +213,8 @@ def test_a_root_is_resolved_like_the_targets_it_allows(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    roots = AllowedRoots([str(tmp_path / "link"), "s3://bucket/prefix"])
-    assert roots.roots == [str(real), "s3://bucket/prefix"]  # the root's real path; object roots keep their scheme
+    roots = AllowedRoots([str(tmp_path / "link"), "s3://bucket/prefix", "az://box/p"])
+    assert roots.roots == [str(real), "s3://bucket/prefix", "az://box/p"]  # the real path; object roots keep their scheme
     roots.check(str(real / "x.tif"))  # the real path of a target under the linked root
     roots.check(str(tmp_path / "link" / "x.tif"))
 
@@ -226,6 +226,17 @@ def test_a_refused_target_names_the_root_that_would_allow_it(target: str, hint: 
     with pytest.raises(UntrustedTargetError, match="outside the allowed roots") as info:
         AllowedRoots(["s3://bucket/prefix"]).check(target)
     assert f"{hint} (cubelake refs check)" in str(info.value)
+    assert "outside the allowed roots (s3://bucket/prefix);" in str(info.value)
+    with pytest.raises(UntrustedTargetError, match=r"outside the allowed roots \(\(none\)\)"):
+        AllowedRoots([]).check(target)
+
+
+@pytest.mark.parametrize("scheme", ["az", "gs", "file", "http"])
+def test_the_same_bucket_and_key_on_another_store_is_refused(scheme: str) -> None:
+    roots = AllowedRoots(["s3://bucket/prefix"])
+    roots.check("s3://bucket/prefix/x.tif")
+    with pytest.raises(UntrustedTargetError, match="outside the allowed roots"):
+        roots.check(f"{scheme}://bucket/prefix/x.tif")
 
 
 def test_relative_targets_resolve_beside_their_reference_file() -> None:
