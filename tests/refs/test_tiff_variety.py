@@ -562,3 +562,12 @@ def test_codec_short_tiles_are_padded_for_lzw_only(compression: str) -> None:
     out = codec.decode(short)
     assert out.shape == (1, 4, 4)
     assert out.ravel().tolist() == list(range(1, 11)) + [0] * 6
+
+
+def test_codec_compression_tags_follow_the_tiff_specification() -> None:
+    """TIFF 6.0 and its registry: 7 is JPEG (new style); 6, the old-style JPEG, is not supported; 8 and 32946 are
+    both Deflate."""
+    from cubelake.refs.codec import COMPRESSIONS
+
+    assert COMPRESSIONS == {1: "none", 5: "lzw", 7: "jpeg", 8: "deflate", 32946: "deflate", 32773: "packbits",
+                            34925: "lzma", 50000: "zstd"}
