@@ -101,3 +101,16 @@ def test_expand_names_every_cell_of_the_precision_under_a_prefix() -> None:
     cells = expand(["u3", "u4b"], 3)
     assert cells == sorted([f"u3{ch}" for ch in BASE32] + ["u4b"])
     assert expand(["u3q"], 3) == ["u3q"]
+
+
+def test_the_first_quantisation_estimate_is_never_one_low() -> None:
+    """Backs the justification in mutation/equivalent.toml: at, one ulp either side of, and between the dyadic
+    edges of every precision on both axes, floor((v - lo) / step) never needs the upward correction."""
+    rng = np.random.default_rng(1)
+    for lo, span in ((-180.0, 360.0), (-90.0, 90.0 * 2)):
+        for nbits in range(1, 31):
+            step = span / (1 << nbits)
+            edges = lo + rng.integers(0, 1 << nbits, 20_000) * step
+            for v in (edges, np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf), rng.uniform(lo, lo + span, 20_000)):
+                q = np.floor((v - lo) / step)
+                assert not (v >= lo + (q + 1) * step).any(), (lo, nbits)

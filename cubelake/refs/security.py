@@ -93,11 +93,10 @@ class AllowedRoots:
                 raise UntrustedTargetError(
                     f"{refs_path}: target {url!r} is a relative path; resolve it against its reference file's folder (resolve_url) first")
             where = os.path.realpath(where)
-        else:
-            if not _literal_key(where):
-                raise UntrustedTargetError(f"{refs_path}: target {url!r} has '.', '..' or empty segments in its "
-                                           "key, which an object store takes literally; refused (name the object "
-                                           "by its plain key)")
+        elif not _literal_key(where):
+            raise UntrustedTargetError(f"{refs_path}: target {url!r} has '.', '..' or empty segments in its "
+                                       "key, which an object store takes literally; refused (name the object "
+                                       "by its plain key)")
         if any(r.covers(scheme, where) for r in self._roots):
             return
         allowed = ", ".join(self.roots) or "(none)"

@@ -333,3 +333,13 @@ def test_a_shard_left_without_chunks_serves_nothing() -> None:
     table = _table(grids)
     sizes = [len(plan_epoch(grids, table, PlanSpec(seed=1), 0, worker=w, num_workers=3)) for w in range(3)]
     assert sorted(sizes) == [0, 0, len(table)]
+
+
+def test_an_empty_table_plans_an_empty_epoch() -> None:
+    """Backs the justification of the empty-table mutant in mutation/equivalent.toml."""
+    grids = [ChunkGrid(64, 64, 32, 32)]
+    plan = plan_epoch(grids, sliding_windows(0, grids[0], (128, 128), (128, 128)), PlanSpec(), 0)
+    assert len(plan) == 0
+    assert plan.indptr.tolist() == [0]
+    assert plan.chunks.shape == (0, 2)
+    assert residency(plan) == 0
