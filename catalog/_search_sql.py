@@ -11,6 +11,7 @@ from typing import Any
 
 from cubelake.errors import CatalogQueryError
 
+from .cql import filter_sql
 from .derived import DERIVED_ROOTS
 from .query import BUILTIN_SORT, ParsedQuery, PropertyFilter
 from .schema import PROMOTED
@@ -30,7 +31,7 @@ Sql = tuple[list[str], list[Any]]
 
 def needs_queryables(q: ParsedQuery) -> bool:
     """Whether building ``q``'s SQL needs the index's queryables (a filter or a property sort)."""
-    return bool(q.filters) or any(k not in BUILTIN_SORT for k, _ in q.sort)
+    return bool(q.filters) or q.cql2 is not None or any(k not in BUILTIN_SORT for k, _ in q.sort)
 
 
 def property_sql(key: str, known: dict[str, set[str]], what: str) -> tuple[str, list[Any]]:
@@ -137,6 +138,9 @@ def where_sql(q: ParsedQuery, known: dict[str, set[str]], *, scenes_only: bool =
     conds: list[str] = [_NOT_DERIVED] if scenes_only else []
     params: list[Any] = []
     parts = [_box_sql(q), _time_sql(q), _item_sql(q)] + [_filter_sql(f, known) for f in q.filters]
+    if q.cql2 is not None:
+        sql, cql_params = filter_sql(q.cql2, known, property_sql, _filter_sql)
+        parts.append(([sql], cql_params))
     for c, p in parts:
         conds += c
         params += p

@@ -79,6 +79,7 @@ from ._writer import (
     transaction,
     write_rows,
 )
+from .cql import spatial_predicate
 from .items import CollectionSummary, item_bands
 from .query import ParsedQuery, Query, epoch, iso, parse_query
 from .schema import (
@@ -366,6 +367,8 @@ class CatalogIndex:
         self.path = Path(path)
         try:
             self.db = connect(self.path, readonly=readonly)
+            # CQL2's spatial operators (catalog/cql.py): SQLite has no geometry functions of its own
+            self.db.create_function("cl_spatial", 3, spatial_predicate, deterministic=True)
             # a reader must not take the write lock: the schema is created only where it is missing
             if not readonly and self.db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
                 self.db.execute("PRAGMA journal_mode=WAL")
@@ -588,14 +591,14 @@ class CatalogIndex:
         known = self.queryables() if needs_queryables(q) else {}
         where, params = where_sql(q, known, scenes_only=scenes_only)
         order, order_params = order_sql(q, known)
-        return list(self._select(where, params + order_params, order, q.limit, q.geometry))
+        return list(self._select(where, params + order_params, order, q.limit, q.geometry, q.offset))
 
     def _select(self, where: str, params: list[Any], order: str, limit: int | None,
-                geometry: Any = None) -> Iterator[SearchHit]:
+                geometry: Any = None, offset: int = 0) -> Iterator[SearchHit]:
         sql = ("SELECT i.id, i.collection, i.datetime, i.t0, i.t1, i.west, i.south, i.east, i.north, i.band_count, "
                f"i.href, i.properties, i.geometry FROM items i WHERE {where}{order}")
-        if limit is not None and geometry is None:
-            sql += f" LIMIT {int(limit)}"
+        if geometry is None and (limit is not None or offset):
+            sql += f" LIMIT {int(limit) if limit is not None else -1} OFFSET {int(offset)}"
         try:
             rows = self.db.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
@@ -605,7 +608,7 @@ class CatalogIndex:
         if geometry is not None and rows:
             geoms = shapely.from_wkb([r[12] for r in rows])
             keep = shapely.intersects(geoms, geometry)
-            rows = [r for r, k in zip(rows, keep, strict=True) if k]
+            rows = [r for r, k in zip(rows, keep, strict=True) if k][offset:]
             if limit is not None:
                 rows = rows[:limit]
         for r in rows:

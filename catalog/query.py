@@ -30,6 +30,9 @@ __all__ = ["Op", "ParsedQuery", "PropertyFilter", "Query", "parse_bbox", "parse_
 
 Op = Literal["<", "<=", ">", ">=", "=", "!="]
 _FILTER = re.compile(r"^\s*([A-Za-z_][\w:.\-]*)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*$")
+# the CLI's own form, one PROPERTY OP VALUE with a bare word as a string ("platform=enmap"): kept as a subset;
+# anything else a --filter holds is CQL2 text
+_SIMPLE = re.compile(r"^\s*([A-Za-z_][\w:.\-]*)\s*(<=|>=|!=|==|=|<|>)\s*([^\s()'\"]+|'[^']*'|\"[^\"]*\")\s*$")
 BUILTIN_SORT = {"datetime", "id", "collection", "band_count"}
 _GEOMETRY_TYPES = {"Point", "MultiPoint", "LineString", "MultiLineString", "Polygon", "MultiPolygon",
                    "GeometryCollection"}
@@ -57,9 +60,12 @@ class Query:
     wavelength_nm: tuple[float, float] | str | None = None  # every part covered by the kept bands
     min_bands: int | None = None
     geohash: str | None = None  # footprint meets a cell with this prefix
-    filters: Sequence[PropertyFilter | str] | str = ()  # "eo:cloud_cover<10", "cubelake:quality>=0.8"
+    filters: Sequence[PropertyFilter | str] | str = ()  # "eo:cloud_cover<10", or CQL2 text: "platform IN ('enmap')"
+    filter: str | dict[str, Any] | None = None  # a CQL2 filter, text or JSON (the STAC API Filter extension)
+    filter_lang: str | None = None  # "cql2-text" or "cql2-json"; None: JSON if it is an object, else text
     sort: Sequence[str] | str = ()  # "datetime", "-eo:cloud_cover", "id"
     limit: int | None = None
+    offset: int = 0  # skip this many matches first (paging)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +81,10 @@ class ParsedQuery:
     min_bands: int | None = None
     geohash: str | None = None
     filters: tuple[PropertyFilter, ...] = ()
+    cql2: dict[str, Any] | None = None  # the CQL2 JSON every item must also satisfy (see .cql)
     sort: tuple[tuple[str, bool], ...] = ()  # (key, descending)
     limit: int | None = None
+    offset: int = 0
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -197,6 +205,49 @@ def parse_filter(value: PropertyFilter | str) -> PropertyFilter:
     return PropertyFilter(key, op, v)  # type: ignore[arg-type]
 
 
+def is_simple_filter(text: str) -> bool:
+    """Whether ``text`` is the CLI's own ``PROPERTY OP VALUE`` form (``eo:cloud_cover<10``, ``platform=enmap``)."""
+    return _SIMPLE.match(text) is not None
+
+
+def _filters(q: Query) -> tuple[tuple[PropertyFilter, ...], dict[str, Any] | None]:
+    """The simple property filters and the CQL2 JSON (all ANDed) of ``q``'s ``filters`` and ``filter``."""
+    simple, exprs = [], []
+    for f in _strings(q.filters):
+        m = None if isinstance(f, PropertyFilter) else _SIMPLE.match(f)
+        if m is not None and m.group(1) in _ITEM_FIELDS:  # not properties: the CQL2 translation knows them
+            exprs.append(_item_field_filter(*m.groups()))
+        elif isinstance(f, PropertyFilter) or m is not None:
+            simple.append(parse_filter(f))
+        else:
+            exprs.append(_cql2(f, "cql2-text"))
+    if q.filter is not None:
+        exprs.append(_cql2(q.filter, q.filter_lang))
+    cql = exprs[0] if len(exprs) == 1 else {"op": "and", "args": exprs} if exprs else None
+    return tuple(simple), cql
+
+
+_ITEM_FIELDS = {"id", "collection", "datetime", "start_datetime", "end_datetime"}
+_CQL2_OPS = {"=": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def _item_field_filter(key: str, op: str, raw: str) -> dict[str, Any]:
+    """``id=x``, ``collection!=y``, ``datetime>=2022-06-01`` as CQL2 JSON."""
+    value: Any = _scalar(raw)
+    if "datetime" in key:
+        text = str(value)
+        value = {"date": text} if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text) else {"timestamp": text}
+    elif not isinstance(value, str):
+        value = raw.strip()
+    return {"op": _CQL2_OPS["=" if op == "==" else op], "args": [{"property": key}, value]}
+
+
+def _cql2(value: str | dict[str, Any], lang: str | None) -> dict[str, Any]:
+    from .cql import parse_cql2  # cql imports this module
+
+    return parse_cql2(value, lang)
+
+
 def parse_sort(keys: Sequence[str]) -> tuple[tuple[str, bool], ...]:
     out = []
     for k in keys:
@@ -296,13 +347,20 @@ def parse_query(q: Query) -> ParsedQuery:
             raise CatalogQueryError(str(exc)) from None
     if q.limit is not None and int(q.limit) < 0:
         raise CatalogQueryError(f"limit must be >= 0, got {q.limit}")
+    filters, cql = _filters(q)
     return ParsedQuery(
         boxes=boxes, geometry=geom, t_start=t0, t_end=t1, has_time=q.datetime is not None,
         collections=_strings(q.collections), ids=_strings(q.ids), wavelength_nm=wl,
         min_bands=int(q.min_bands) if q.min_bands is not None else None, geohash=gh,
-        filters=tuple(parse_filter(f) for f in _strings(q.filters)), sort=parse_sort(_strings(q.sort)),
-        limit=int(q.limit) if q.limit is not None else None,
+        filters=filters, cql2=cql, sort=parse_sort(_strings(q.sort)),
+        limit=int(q.limit) if q.limit is not None else None, offset=_offset(q.offset),
     )
+
+
+def _offset(value: int) -> int:
+    if int(value) < 0:
+        raise CatalogQueryError(f"offset must be >= 0, got {value}")
+    return int(value)
 
 
 def epoch(text: str) -> float:

@@ -632,6 +632,17 @@ class Store:
             raise StorageError(f"{self.url}: not a local folder")
         return self._local.file(check_key(key) if key else "")
 
+    def signed_url(self, key: str, expires_s: int = 3600) -> str:
+        """A presigned ``https``/``http`` GET URL of ``key`` (object stores that sign: S3 and S3-compatible)."""
+        import datetime as dt
+
+        import obstore
+
+        if self._local is not None or self.scheme != "s3":
+            raise StorageError(f"{self.url_of(key)}: only s3:// objects have presigned URLs")
+        with self._op(key, "sign"):
+            return str(obstore.sign(self.client, "GET", self.path(key), dt.timedelta(seconds=expires_s)))
+
     @contextlib.contextmanager
     def _op(self, key: str, what: str) -> Iterator[None]:
         try:

@@ -141,7 +141,7 @@ def search_cmd(
     wavelength: str | None = typer.Option(None, "--wavelength", "-w", help="LO:HI nm that the kept bands cover without a hole."),
     min_bands: int | None = typer.Option(None, "--min-bands", help="At least this many bands."),
     geohash: str | None = typer.Option(None, "--geohash", help="Footprint meets a geohash cell with this prefix."),
-    filters: list[str] = typer.Option([], "--filter", "-f", help="PROPERTY OP VALUE, e.g. 'eo:cloud_cover<10'; repeatable."),
+    filters: list[str] = typer.Option([], "--filter", "-f", help="CQL2 text, e.g. \"eo:cloud_cover < 10 AND platform IN ('enmap')\", or PROPERTY OP VALUE ('platform=enmap'); repeatable, all must hold."),
     sort: list[str] = typer.Option([], "--sort", "-s", help="datetime, id, collection or a property; '-' prefix = descending."),
     limit: int | None = typer.Option(None, "--limit", "-n", help="At most this many items."),
     fmt: SearchFormat = typer.Option(SearchFormat.table, "--format", help="table; json (= geojson): a STAC ItemCollection with absolute hrefs; summary: one compact record per item."),
@@ -166,6 +166,25 @@ def search_cmd(
         print_json([h.to_dict() for h in hits])
         return
     _print_table(hits)
+
+
+@catalog_app.command("serve")
+def serve_cmd(
+    lake: str = LAKE,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; 0.0.0.0 serves other machines too."),
+    port: int = typer.Option(8000, "--port", "-p", help="TCP port (0: any free port, printed)."),
+    verbose: int = VERBOSE,
+    quiet: bool = QUIET,
+) -> None:
+    """Serve the catalog as a read-only STAC API (pystac-client, odc-stac, QGIS) with a map view at /."""
+    configure_output(verbose, quiet)
+    from cubelake.catalog.serve import serve
+
+    try:
+        serve(lake, host=host, port=port, announce=lambda url: out_console().print(
+            f"STAC API of {lake} at {url} (map view: open it in a browser); Ctrl-C stops it"))
+    except CubelakeError as exc:
+        raise _fail(exc) from None
 
 
 @catalog_app.command("show")
