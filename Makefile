@@ -54,3 +54,8 @@ mutate: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(LAKE) $(SAMPLES) .pytest_cache .mutation
+
+# re-fetch the map view's vendored Leaflet (npm pack) and check it against catalog/web/vendor/leaflet/SHA256SUMS
+.PHONY: vendor-web
+vendor-web: $(VENV)/.installed
+	$(BIN)/python catalog/web/vendor.py
