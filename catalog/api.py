@@ -13,7 +13,6 @@ lake on object storage). Errors are STAC API error objects, ``{"code", "descript
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import threading
 import time
@@ -160,7 +159,11 @@ class LakeClient(BaseCoreClient):
     def _api_item(self, cat: Any, href: str, base: str) -> dict[str, Any]:
         from .items import with_absolute_hrefs
 
-        item = with_absolute_hrefs(cat._item(href, False), f"{base}lake/{href}")
+        item = cat._item(href, False)
+        # a source file outside the lake (an absolute local path) is not served: no client could use its href
+        item["assets"] = {k: a for k, a in (item.get("assets") or {}).items()
+                          if not str(a.get("href", "")).startswith("/")}
+        item = with_absolute_hrefs(item, f"{base}lake/{href}")
         coll, iid = item.get("collection"), item["id"]
         item["links"] = [
             {"rel": "self", "type": _GEOJSON, "href": f"{base}collections/{coll}/items/{iid}"},
@@ -237,9 +240,7 @@ def _extension_args(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _query(*, collections: Any = None, ids: Any = None, bbox: Any = None, intersects: Any = None,
            datetime: Any = None, sortby: Any = None, filter_expr: Any = None, filter_lang: Any = None) -> Query:
-    if isinstance(intersects, str):
-        intersects = json.loads(intersects)
-    elif intersects is not None and hasattr(intersects, "model_dump"):
+    if intersects is not None and hasattr(intersects, "model_dump"):
         intersects = intersects.model_dump(mode="json", exclude_none=True)
     return Query(bbox=list(bbox) if bbox is not None else None, intersects=intersects,
                  datetime=str(datetime) if datetime else None, collections=tuple(collections or ()),
@@ -287,7 +288,9 @@ def _install_errors(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         code = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "InvalidParameterValue")
-        return _error(exc.status_code, code, str(exc.detail))
+        query = request.url.query
+        where = f" (in the request {query[:200]!r})" if exc.status_code == 400 and query else ""
+        return _error(exc.status_code, code, f"{exc.detail}{where}")
 
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
@@ -295,8 +298,17 @@ def _install_errors(app: FastAPI) -> None:
 
     for exc_type, handler in ((ApiError, api_error), (CatalogQueryError, query_error),
                               (ItemNotFoundError, query_error), (RequestValidationError, validation),
-                              (HTTPException, http_error), (CatalogError, internal), (Exception, internal)):
+                              (HTTPException, http_error), (CatalogError, internal)):
         app.add_exception_handler(exc_type, handler)
+
+    # anything else: answered here, not by Starlette's error middleware (which re-raises into the server's log
+    # with a traceback after answering)
+    @app.middleware("http")
+    async def last_resort(request: Request, call_next: Any) -> Any:
+        try:
+            return await call_next(request)
+        except Exception as exc:
+            return await internal(request, exc)
 
 
 class _Filters(BaseFiltersClient):
@@ -314,7 +326,11 @@ def create_app(lake: str | Path, *, title: str | None = None) -> FastAPI:
     """The STAC API application of ``lake`` (a folder or ``s3://`` URL)."""
     catalogs = _Catalogs(str(lake))
     catalogs.get()  # a lake without a catalog fails here, before the server starts
-    extensions = [FilterExtension(client=_Filters(catalogs)), SortExtension(), TokenPaginationExtension()]
+    sort = SortExtension()
+    # pystac-client looks for the v1.0.0 URI of sort; stac-fastapi 7 names v1.1.0 (the same request syntax)
+    sort.conformance_classes = [*sort.conformance_classes, "https://api.stacspec.org/v1.0.0/item-search#sort",
+                                "https://api.stacspec.org/v1.0.0/ogcapi-features#sort"]
+    extensions = [FilterExtension(client=_Filters(catalogs)), sort, TokenPaginationExtension()]
     items_model = create_request_model("ItemCollectionUri", base_model=ItemCollectionUri, extensions=extensions,
                                        request_type="GET")
     settings = ApiSettings(stac_fastapi_title=title or f"cubelake: {lake}",

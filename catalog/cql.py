@@ -38,7 +38,8 @@ __all__ = ["FUNCTIONS", "MAX_FILTER_BYTES", "MAX_FILTER_DEPTH", "SPATIAL_OPS", "
            "parse_cql2", "spatial_predicate"]
 
 MAX_FILTER_BYTES = 64 * 1024  # a filter is a query, not a data set
-MAX_FILTER_DEPTH = 64  # nesting of parentheses (text) or objects/arrays (JSON)
+MAX_FILTER_DEPTH = 64  # nesting of objects/arrays (JSON)
+MAX_FILTER_NESTING = 128  # parentheses, NOTs and arithmetic operators (text; see _text_depth)
 COVERS_WAVELENGTH = "cubelake:covers_wavelength"
 FUNCTIONS = (COVERS_WAVELENGTH,)
 SPATIAL_OPS = ("s_intersects", "s_disjoint", "s_within", "s_contains", "s_equals", "s_touches", "s_crosses",
@@ -70,15 +71,42 @@ Sql = tuple[str, list[Any]]
 Known = dict[str, set[str]]
 
 
-def _text_depth(text: str) -> int:
-    depth = deepest = 0
-    for ch in text:
-        if ch == "(":
-            depth += 1
+_QUOTED = re.compile(r"'(?:[^']|'')*'")
+_GEOMETRY = re.compile(r"\b(?:POINT|LINESTRING|POLYGON|MULTIPOINT|MULTILINESTRING|MULTIPOLYGON|GEOMETRYCOLLECTION|BBOX)"
+                       r"\s*(?:Z\s*)?\(", re.IGNORECASE)
+_NESTING = re.compile(r"\(|\bnot\b|[-+*/%^]", re.IGNORECASE)
+
+
+_WKT_DEPTH = 4  # GEOMETRYCOLLECTION(MULTIPOLYGON(((x y, ...)))): the deepest a geometry literal nests
+
+
+def _without_geometries(text: str) -> str:
+    """``text`` with each geometry literal reduced to ``G``; a literal nested deeper than any geometry
+    type nests is refused (cql2-rs takes time exponential in that depth: 18 extra levels, 2 s)."""
+    out, pos = [], 0
+    for m in _GEOMETRY.finditer(text):
+        if m.start() < pos:
+            continue
+        depth = deepest = 1
+        i = m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
             deepest = max(deepest, depth)
-        elif ch == ")":
-            depth -= 1
-    return deepest
+            i += 1
+        if deepest > _WKT_DEPTH:
+            raise CatalogQueryError(f"filter: the geometry literal at character {m.start() + 1} nests "
+                                    f"{deepest} parentheses deep; no geometry type nests more than {_WKT_DEPTH}")
+        out.append(text[pos:m.start()] + "G")
+        pos = i
+    return "".join(out) + text[pos:]
+
+
+def _text_depth(text: str) -> int:
+    """An upper bound of how deep the parser recurses on ``text``: every parenthesis, NOT and arithmetic
+    operator outside quoted strings and geometry literals. cql2-rs's recursive-descent parser overflows the
+    stack (and the process dies with it) near 500 nested NOTs or 1,500 chained additions: far beyond any
+    real filter, so this bound refuses them first."""
+    return len(_NESTING.findall(_without_geometries(_QUOTED.sub("''", text))))
 
 
 def _json_depth(node: Any, depth: int = 0) -> int:
@@ -91,12 +119,14 @@ def _json_depth(node: Any, depth: int = 0) -> int:
     return depth
 
 
-def _bounded(kind: str, size: int, depth: int) -> None:
+def _bounded(kind: str, size: int, depth: int, limit: int = MAX_FILTER_DEPTH) -> None:
     if size > MAX_FILTER_BYTES:
         raise CatalogQueryError(f"filter: {kind} of {size} bytes is over the limit of {MAX_FILTER_BYTES}; "
                                 "split the query or search by bbox/intersects")
-    if depth > MAX_FILTER_DEPTH:
-        raise CatalogQueryError(f"filter: {kind} nested deeper than {MAX_FILTER_DEPTH} levels")
+    if depth > limit:
+        raise CatalogQueryError(f"filter: {kind} nested too deeply ({depth} parentheses, NOTs and operators; "
+                                f"at most {limit})" if kind == "cql2-text" else
+                                f"filter: {kind} nested deeper than {limit} levels")
 
 
 def parse_cql2(value: str | dict[str, Any], lang: str | None = None) -> dict[str, Any]:
@@ -113,7 +143,7 @@ def parse_cql2(value: str | dict[str, Any], lang: str | None = None) -> dict[str
             raise CatalogQueryError("filter: not valid JSON (filter-lang cql2-json)") from None
     try:
         if isinstance(value, str):
-            _bounded("cql2-text", len(value.encode()), _text_depth(value))
+            _bounded("cql2-text", len(value.encode()), _text_depth(value), MAX_FILTER_NESTING)
             expr = cql2.parse_text(value)
         elif isinstance(value, dict):
             _bounded("cql2-json", len(json.dumps(value)), _json_depth(value))

@@ -85,7 +85,8 @@ def _media_type(name: str) -> str:
 def _cog_asset(item: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     for key, asset in (item.get("assets") or {}).items():
         roles = asset.get("roles") or []
-        if "data" in roles and "auxiliary" not in roles and str(asset.get("type", "")).startswith("image/tiff"):
+        if "data" in roles and not {"auxiliary", "source"} & set(roles) \
+                and str(asset.get("type", "")).startswith("image/tiff"):
             return key, asset
     return None
 
