@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,49 +18,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from .api_server import api_server
 from .conftest import RealLake
 
-CLI = str(Path(sys.executable).with_name("cubelake"))
 VIEWPORT = {"width": 1280, "height": 800}
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "map-view.png"
-_URL = re.compile(r"at (http://127\.0\.0\.1:\d+/)")
 
 
 @pytest.fixture(scope="module")
-def server(real_ingest: RealLake, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(real_ingest: RealLake) -> Iterator[str]:
     """The base URL of ``cubelake catalog serve --port 0`` over the session lake; stopped by SIGINT."""
-    log = tmp_path_factory.mktemp("map_view") / "server.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([CLI, "catalog", "serve", "--lake", str(real_ingest.root), "--port", "0"],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 90
-    url = None
-    while url is None:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = proc.stdout.readline() if ready else ""
-        if not line:
-            proc.kill()
-            raise AssertionError(f"the server did not start (exit {proc.wait()}): {log.read_text()[-3000:]}")
-        m = _URL.search(line)
-        url = m.group(1) if m else None
-    try:
-        while True:
-            try:
-                if httpx.get(url + "conformance", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"{url} never answered"
-            time.sleep(0.1)
+    with api_server(real_ingest.root) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise AssertionError("the server did not stop on SIGINT within 20 s") from None
 
 
 @pytest.fixture(scope="module")
@@ -370,6 +334,12 @@ def test_click_footprint_shows_properties_and_spectra(view: Page, everything: li
     assert float(q["lon"][0]) == pytest.approx(lon, abs=5e-4)
     assert float(q["lat"][0]) == pytest.approx(lat, abs=5e-4)
     assert view.page.locator(".leaflet-pixel-pane path").count() == 1
+    # and plotted it: one vertex per valid value the endpoint returns
+    assert view.page.evaluate("window.cubelake.spectrum.pixel.error") is None
+    d = view.page.locator("#p-plot svg path.series.pixel").get_attribute("d") or ""
+    valid = sum(v is not None for v in httpx.get(asked[0]).json()["values"])
+    assert valid > 100
+    assert len(re.findall(r"[ML]\s*[-\d.]+,[-\d.]+", d)) == valid
 
     # a scene without a footprint is still listed, and selecting it from the list opens its panel
     samson = real_ingest.ids["samson"][0]
