@@ -220,3 +220,25 @@ def test_the_server_survives_a_thousand_concurrent_malformed_requests(real_lake:
         ok = httpx.get(url + "search", params={"bbox": "12.9,52.3,13.2,52.5"})
         assert ok.status_code == 200
         assert ok.json()["numberReturned"] == len(cli_ids(real_lake, "--bbox", "12.9,52.3,13.2,52.5"))
+
+
+def test_a_lake_on_s3_is_served_with_presigned_asset_hrefs(real_lake: Path, s3_server: Any, s3_bucket: str,
+                                                            tmp_path: Path) -> None:
+    env = s3_server.env(tmp_path)
+    url = f"s3://{s3_bucket}/lake"
+    res = run_cli("lake", "copy", str(real_lake), url, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with api_server(url, env=env) as api:
+        for search, cli in PARITY[1:3] + PARITY[5:6]:
+            got = client_ids(api, limit=2, **search)
+            want = run_cli("catalog", "search", "--lake", url, "--format", "summary", *cli, env=env)
+            assert got == [h["id"] for h in json.loads(want.stdout)] == cli_ids(real_lake, *cli)
+        item = httpx.get(api + "collections/enmap-l2a/items", params={"limit": 1}).json()["features"][0]
+        href = item["assets"]["cog"]["href"]
+        assert href.startswith(api + "lake/scenes/")
+        r = httpx.get(href)
+        assert r.status_code == 307
+        assert r.headers["location"].startswith(s3_server.endpoint + f"/{s3_bucket}/lake/scenes/")
+        assert "X-Amz-Signature=" in r.headers["location"]
+        local = real_lake / "scenes" / item["id"] / href.rsplit("/", 1)[1]  # an object lake versions its products
+        assert httpx.get(href, follow_redirects=True).content == local.read_bytes()
