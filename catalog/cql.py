@@ -209,6 +209,9 @@ class _Translator:
 
     # -- comparisons ----------------------------------------------------------
     def _property(self, arg: Any, op: str) -> str:
+        if isinstance(arg, dict) and "op" in arg:
+            raise CatalogQueryError(f"filter: {arg['op']!r} inside {op} is not supported (arithmetic, CASEI/ACCENTI "
+                                    "and functions of properties are not); compare a property with a value")
         if not (isinstance(arg, dict) and set(arg) == {"property"} and isinstance(arg["property"], str)):
             raise CatalogQueryError(f"filter: {op} needs a property on one side, e.g. eo:cloud_cover < 10; "
                                     f"got {_show(arg)}")
