@@ -150,7 +150,8 @@ def parse_cql2(value: str | dict[str, Any], lang: str | None = None) -> dict[str
             expr = cql2.Expr(value)
         else:
             raise CatalogQueryError(f"filter: expected CQL2 text or a CQL2 JSON object, got a JSON {type(value).__name__}")
-        expr.validate()
+        # no expr.validate(): it compiles the CQL2 JSON Schema on every call (30-50 ms); the text grammar holds
+        # already, and the translation below checks every operator, arity and literal it takes
         out = expr.to_json()
     except CatalogQueryError:
         raise
@@ -173,7 +174,13 @@ def filter_sql(expr: Any, known: Known, property_sql: Callable[[str, Known, str]
     ``property_sql``/``compare_sql`` are the index's own (see ``catalog/_search_sql.py``), so a CQL2
     comparison and a ``--filter`` one mean the same.
     """
-    return _Translator(known, property_sql, compare_sql).node(expr)
+    try:
+        return _Translator(known, property_sql, compare_sql).node(expr)
+    except CatalogQueryError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:  # a malformed CQL2 JSON tree
+        raise CatalogQueryError(f"filter: malformed CQL2 ({type(exc).__name__}: {_short(exc)}); see "
+                                "https://docs.ogc.org/is/21-065r2/21-065r2.html for the JSON encoding") from None
 
 
 class _Translator:

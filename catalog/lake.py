@@ -720,7 +720,7 @@ class LakeCatalog:
     def _item(self, href: str, absolute: bool) -> dict[str, Any]:
         path = self.root / href
         item = read_item(path)
-        return with_absolute_hrefs(item, str(path.resolve())) if absolute else item
+        return with_absolute_hrefs(item, str(path.resolve()), in_place=True) if absolute else item
 
     def item_collection(self, hits: list[SearchHit], *, matched: int | None = None) -> dict[str, Any]:
         """A STAC ItemCollection of ``hits`` with absolute hrefs (what ``pystac.ItemCollection.from_dict`` reads)."""

@@ -573,7 +573,7 @@ class ObjectLakeCatalog(LakeCatalog):
         except ObjectNotFound:
             raise ItemNotFoundError(f"{url}: indexed but gone; run 'cubelake catalog reindex --lake {self.root}'") \
                 from None
-        return with_absolute_hrefs(item, url) if absolute else item
+        return with_absolute_hrefs(item, url, in_place=True) if absolute else item
 
     def stats(self) -> dict[str, Any]:  # the same numbers as a local lake, index_bytes being the snapshot's
         return self.index.stats()
