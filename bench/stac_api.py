@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "catalog"))
 
-from catalog_synth import BenchQuery, make_queries, synthetic_items  # noqa: E402
+from catalog_synth import BenchQuery, make_queries, synthetic_items
 
 CLI = str(Path(sys.executable).with_name("cubelake"))
 
