@@ -101,6 +101,7 @@ ASSET_MEDIA_TYPES: Final = {
     "refs_json": "application/json",
     "refs_parquet": "application/vnd.apache.parquet",
     "json": "application/json",
+    "png": "image/png",
 }
 ASSET_ROLES: Final = {
     "source": ["data", "source"],
@@ -113,6 +114,7 @@ ASSET_ROLES: Final = {
     "aux": ["data", "auxiliary"],
     "scene": ["metadata"],
     "validation": ["metadata", "validation"],
+    "thumbnail": ["thumbnail"],  # the best practices' role for a small preview image
 }
 
 _SOURCE_TYPES: Final = {

@@ -24,7 +24,7 @@ from .errors import CubelakeError, LakeError
 from .hashing import file_blake3, tree_blake3
 from .lake import AnyLake, Lake, open_lake
 from .object_lake import VERSION_KEY, ObjectLake, staging_root
-from .record import SceneRecord
+from .record import ProductInfo, SceneRecord, Thumbnail
 from .storage import Store, open_store
 
 __all__ = ["CopyReport", "copy_lake"]
@@ -71,10 +71,13 @@ def _scene_store(lake: AnyLake, scene_id: str) -> tuple[Store, dict[str, Any]]:
 
 
 def _verify(staged: Path, record: SceneRecord, scene_id: str) -> None:
-    """Every product's recorded BLAKE3 (file or tree) against the staged copy."""
-    for name, info in record.products.items():
+    """Every product's recorded BLAKE3 (file or tree), and the thumbnail's, against the staged copy."""
+    checked: list[tuple[str, ProductInfo | Thumbnail]] = list(record.products.items())
+    if record.thumbnail is not None:
+        checked.append(("thumbnail", record.thumbnail))
+    for name, info in checked:
         path = staged / info.path
-        want = info.blake3 or info.tree_blake3
+        want = info.blake3 if isinstance(info, Thumbnail) else info.blake3 or info.tree_blake3
         if not want:
             continue
         if not path.exists():

@@ -3,7 +3,7 @@
 Layout (``LAKE_VERSION`` 1)::
 
     <lake>/lake.json                 format marker
-    <lake>/scenes/<id>/              one published scene: scene.json, validation.json, <id>.tif, <id>.zarr/
+    <lake>/scenes/<id>/              one published scene: scene.json, validation.json, thumbnail.png, <id>.tif, <id>.zarr/
     <lake>/rejected/<id>.json        validation report of the latest rejected attempt
     <lake>/.staging/<id>.<pid>.<n>/  products being built (never read by anyone)
     <lake>/.trash/                   replaced scenes on their way out

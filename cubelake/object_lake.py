@@ -4,7 +4,7 @@ Layout (``LAKE_VERSION`` 1, as on disk, plus immutable versions)::
 
     <url>/lake.json                           format marker (written create-only)
     <url>/scenes/<id>/item.json               the commit object: the scene's STAC item, assets in v/<version>/
-    <url>/scenes/<id>/v/<version>/            one immutable version: scene.json, validation.json, products
+    <url>/scenes/<id>/v/<version>/            one immutable version: scene.json, validation.json, thumbnail.png, products
     <url>/rejected/<id>.json                  validation report of the latest rejected attempt
     <url>/catalog/...                         the published search index (see cubelake.catalog.remote)
     <url>/jobs/, cubes/, exports/             scheduled jobs' ledgers and outputs, as on disk (cubelake.lake.job_key)

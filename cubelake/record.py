@@ -53,6 +53,7 @@ __all__ = [
     "SceneRecord",
     "SourceFile",
     "SourceInfo",
+    "Thumbnail",
     "ValidationSummary",
     "json_safe",
     "read_scene_record",
@@ -307,6 +308,29 @@ class AuxLayer(_Part):
         return _relative_name(v, "aux raster")
 
 
+class Thumbnail(_Part):
+    """The scene's preview image (``path``, PNG): its size (px), the stored bands shown (0-based ``bands``, in
+    channel order R, G, B or one grey, and their ``wavelengths_nm``), how they were chosen (``mode``:
+    true_colour, colour_infrared, false_colour or greyscale) and the STAC asset's ``title``/``description``."""
+
+    path: str
+    bytes: int | None = None
+    blake3: str | None = None
+    media_type: str = "image/png"
+    height: int | None = None
+    width: int | None = None
+    mode: str | None = None
+    bands: list[int] = Field(default_factory=list)
+    wavelengths_nm: list[Number | None] = Field(default_factory=list)
+    title: str | None = None
+    description: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, v: str) -> str:
+        return str(_relative_name(v, "thumbnail"))
+
+
 class RecordIssue(_Part):
     """A validation issue as the report writes it."""
 
@@ -347,6 +371,7 @@ class SceneRecord(_Part):
     products: dict[str, ProductInfo] = Field(default_factory=dict)
     labels: Labels | None = None
     aux: list[AuxLayer] = Field(default_factory=list)  # absent from records without aux layers
+    thumbnail: Thumbnail | None = None  # absent from records written without one (before it existed, or turned off)
     validation: ValidationSummary = Field(default_factory=ValidationSummary)
 
     @field_validator("scene_id")

@@ -28,6 +28,7 @@ from .pipeline import (
 from .profile import SensorProfile, builtin_profiles, load_profile, match_profile
 from .report import Code, Issue, Severity, ValidationReport
 from .sources import SceneInput, SourceOptions, discover, open_source
+from .thumbnail import ThumbnailSpec
 from .validate import Limits
 from .zarr_writer import ZarrCodecSpec
 
@@ -49,6 +50,7 @@ __all__ = [
     "SensorProfile",
     "Severity",
     "SourceOptions",
+    "ThumbnailSpec",
     "ValidationReport",
     "ZarrCodecSpec",
     "builtin_profiles",

@@ -61,6 +61,7 @@ from cubelake.record import (
     SceneRecord,
     SourceFile,
     SourceInfo,
+    Thumbnail,
     ValidationSummary,
     json_safe,
 )
@@ -103,6 +104,8 @@ from .sources import (
     open_source,
 )
 from .sources.remote import remote_input
+from .thumbnail import ThumbnailSpec, choose_bands
+from .thumbnail_writer import THUMBNAIL_FILE, BandReader, TiffBands, ZarrBands, write_thumbnail
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
@@ -158,6 +161,9 @@ class IngestOptions:
     force: bool = False
     refs_format: Literal["auto", "json", "parquet"] = "auto"
     aux: tuple[AuxSpec, ...] = ()  # rasters on other grids, warped onto each scene's grid (cubelake.ingest.align)
+    # the preview PNG (None: none). Not part of the config hash: a preview does not make the products differ,
+    # so changing it alone re-renders nothing until the scene is built again (--force)
+    thumbnail: ThumbnailSpec | None = field(default_factory=ThumbnailSpec)
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.products if p not in PRODUCTS]
@@ -171,7 +177,7 @@ class IngestOptions:
 
 @dataclass(frozen=True, slots=True)
 class ProgressEvent:
-    """Progress of one scene: ``stage`` is 'open', 'scan', 'cog', 'publish' or 'done'."""
+    """Progress of one scene: ``stage`` is 'open', 'scan', 'cog', 'refs', 'aux', 'thumbnail', 'publish' or 'done'."""
 
     path: str
     stage: str
@@ -766,7 +772,8 @@ def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None
         measured = _measure(ctx, result, valid_mask, hasher)
         if zarr is not None:
             products["zarr"] = _finish_scene_zarr(ctx, staged, measured, zarr)
-        record = _scene_record(ctx, measured, products, labels, aux_layers)
+        thumbnail = _write_scene_thumbnail(ctx, staged, products, measured)
+        record = _scene_record(ctx, measured, products, labels, aux_layers, thumbnail)
         _write_records(staged, record, ctx.report)
         ctx.emit("publish")
         target = _publish(ctx.lake, staged, ctx.scene_id)
@@ -911,8 +918,46 @@ def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured, si
                        media_type="application/vnd+zarr; version=3", tree_blake3=tree_blake3(path, sink.hashes))
 
 
+def _thumbnail_reader(ctx: _BuildContext, staged: Path,
+                      products: dict[str, ProductInfo]) -> tuple[BandReader, float, float]:
+    """Where the preview's bands are read from, with the scale and offset that decode them: the staged COG,
+    else the staged Zarr, else the source GeoTIFF the references point at in place (raw values: a linear
+    calibration with a positive gain does not change a percentile stretch)."""
+    enc = ctx.plan.calibration.encoding
+    if "cog" in products:
+        n = len(ctx.plan.bands)
+        return TiffBands(staged / products["cog"].path, tuple(range(1, n + 1)), enc.fill_value), enc.scale_factor, \
+            enc.add_offset
+    if "zarr" in products:
+        zarr = products["zarr"]
+        return ZarrBands(staged / zarr.path, zarr.array or "data", enc.fill_value), enc.scale_factor, enc.add_offset
+    return TiffBands(Path(ctx.meta.files[0]), tuple(b.number for b in ctx.plan.bands), ctx.meta.nodata), 1.0, 0.0
+
+
+def _write_scene_thumbnail(ctx: _BuildContext, staged: Path, products: dict[str, ProductInfo],
+                           measured: _Measured) -> Thumbnail | None:
+    """Render ``thumbnail.png`` into the staging folder from the bands :func:`choose_bands` picks; its record."""
+    spec = ctx.options.thumbnail
+    if spec is None:
+        return None
+    ctx.emit("thumbnail")
+    bands = ctx.plan.bands
+    choice = choose_bands([b.wavelength_nm for b in bands], spec, measured.stats["count"])
+    reader, scale, offset = _thumbnail_reader(ctx, staged, products)
+    with rasterio.Env(GDAL_CACHEMAX=ctx.options.gdal_cache_bytes):  # a COG without overviews is read whole
+        written = write_thumbnail(reader, choice, (ctx.meta.height, ctx.meta.width), staged / THUMBNAIL_FILE, spec,
+                                  scale, offset)
+    log.info("%s: thumbnail %s (%dx%d px) in %.2f s", ctx.scene_id, choice.title(spec), written.width,
+             written.height, written.seconds)
+    return Thumbnail(path=THUMBNAIL_FILE, bytes=written.bytes, blake3=file_blake3(written.path),
+                     height=written.height, width=written.width, mode=choice.mode, bands=list(choice.indices),
+                     wavelengths_nm=list(choice.wavelengths_nm), title=choice.title(spec),
+                     description=choice.description(spec, len(bands)))
+
+
 def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, ProductInfo],
-                  labels: Labels | None, aux: list[AuxLayer] | None = None) -> SceneRecord:
+                  labels: Labels | None, aux: list[AuxLayer] | None = None,
+                  thumbnail: Thumbnail | None = None) -> SceneRecord:
     """The scene's record (``scene.json``), every key given (absent parts are ``None``, not missing)."""
     plan, meta, cal = ctx.plan, ctx.meta, ctx.plan.calibration
     return SceneRecord(
@@ -940,6 +985,7 @@ def _scene_record(ctx: _BuildContext, measured: _Measured, products: dict[str, P
         products=products,
         labels=labels,
         **({"aux": aux} if aux else {}),
+        **({"thumbnail": thumbnail} if thumbnail is not None else {}),
         validation=ValidationSummary(ok=True, warnings=[RecordIssue.model_validate(w.to_dict())
                                                         for w in ctx.report.warnings]),
     )

@@ -331,7 +331,7 @@ def test_not_overlapping_and_not_georeferenced_are_warnings(tmp_path: Path) -> N
     assert "aux layers: 0 aligned, 2 not aligned" in res.output
     d = Lake(lake).scene_dir("scene")
     assert sorted(p.name for p in d.iterdir()) == ["item.json", "scene.json", "scene.tif", "scene.zarr",
-                                                   "validation.json"]
+                                                   "thumbnail.png", "validation.json"]
     report = json.loads((d / "validation.json").read_text())
     assert {w["code"] for w in report["warnings"]} >= {"aux_no_overlap", "aux_not_georeferenced"}
     rec = read_scene_record(d / SCENE_RECORD_FILE)
