@@ -157,8 +157,8 @@ def parse_cql2(value: str | dict[str, Any], lang: str | None = None) -> dict[str
         raise
     except Exception as exc:  # cql2 raises its own ParseError/ValidationError (and ValueError)
         raise CatalogQueryError(f"filter: not valid CQL2 ({_short(exc)})") from None
-    if not isinstance(out, (dict, bool)):
-        raise CatalogQueryError("filter: a CQL2 filter must be a boolean expression")
+    if not isinstance(out, (dict, bool)) or (isinstance(out, dict) and "op" not in out):
+        raise CatalogQueryError(f"filter: a CQL2 filter is a condition (e.g. eo:cloud_cover < 10), not {_show(out)}")
     return out if isinstance(out, dict) else {"op": "=", "args": [1, 1 if out else 0]}
 
 

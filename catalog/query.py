@@ -220,7 +220,7 @@ def _filters(q: Query) -> tuple[tuple[PropertyFilter, ...], dict[str, Any] | Non
         elif isinstance(f, PropertyFilter) or m is not None:
             simple.append(parse_filter(f))
         else:
-            exprs.append(_cql2(f, "cql2-text"))
+            exprs.append(_cli_cql2(f))
     if q.filter is not None:
         exprs.append(_cql2(q.filter, q.filter_lang))
     cql = exprs[0] if len(exprs) == 1 else {"op": "and", "args": exprs} if exprs else None
@@ -240,6 +240,16 @@ def _item_field_filter(key: str, op: str, raw: str) -> dict[str, Any]:
     elif not isinstance(value, str):
         value = raw.strip()
     return {"op": _CQL2_OPS["=" if op == "==" else op], "args": [{"property": key}, value]}
+
+
+def _cli_cql2(text: str) -> dict[str, Any]:
+    """A ``--filter`` that is not ``PROPERTY OP VALUE``: CQL2 text; an error names both forms."""
+    try:
+        return _cql2(text, "cql2-text")
+    except CatalogQueryError as exc:
+        raise CatalogQueryError(
+            f"filter {text!r}: {str(exc).removeprefix('filter: ')}; expected CQL2 text (e.g. \"eo:cloud_cover < 10 "
+            "AND platform IN ('enmap')\") or PROPERTY OP VALUE with OP one of < <= > >= = !=") from None
 
 
 def _cql2(value: str | dict[str, Any], lang: str | None) -> dict[str, Any]:

@@ -10,12 +10,15 @@ command in a fresh folder with its output compared line by line, the profile YAM
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,8 +184,48 @@ def _check(ok: bool, out: str) -> None:
     assert ok, out
 
 
+#: servers a README line starts in the background (``... &``): stopped with SIGINT when the module ends
+BACKGROUND: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_background() -> Iterator[None]:
+    yield
+    for proc in BACKGROUND:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"{proc.args!r} did not stop on SIGINT") from None
+        assert "Traceback" not in (err or ""), err
+    BACKGROUND.clear()
+
+
+def start_background(line: str, cwd: Path) -> None:
+    """``command ... &``: started, and waited for until the URL it prints answers (a server)."""
+    import httpx
+
+    proc = subprocess.Popen(["bash", "-c", f"exec {line.split('#')[0].strip().removesuffix('&')}"], cwd=cwd,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    BACKGROUND.append(proc)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    m = re.search(r"(http://127\.0\.0\.1:\d+/)", first)
+    assert m, (line, first, proc.poll())
+    for _ in range(300):
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(m.group(1) + "conformance", timeout=5).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{line}: {m.group(1)} never answered")
+
+
 def run_shell_block(block: Block, cwd: Path) -> None:
     for line in (ln for ln in block.text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")):
+        if line.split("#")[0].rstrip().endswith("&"):
+            start_background(line, cwd)
+            continue
         res = sh(line, cwd)
         out = clean(res, line)
         want = next((rc for key, rc in EXIT_CODES.items() if key in line), 0)

@@ -398,7 +398,7 @@ def test_overlapping_bbox_and_intersects_match_their_intersection(item: Any, exp
         (Query(min_bands=-3), "min_bands must be >= 1"),
         (Query(bbox=(0, 10, 1, 5)), "west,south,east,north"),
         (Query(datetime="../.."), "both ends are open"),
-        (Query(filters=("cloud",)), "expected PROPERTY OP VALUE"),
+        (Query(filters=("cloud",)), "expected CQL2 text (e.g. \"eo:cloud_cover < 10 AND platform IN ('enmap')\") or PROPERTY OP VALUE"),
         (Query(sort=("-",)), "is empty"),
         (Query(intersects="not json"), "intersects: not usable as a search geometry"),
         (Query(intersects="[1, 2]"), "intersects: not usable as a search geometry"),
