@@ -142,13 +142,9 @@ class LakeClient(BaseCoreClient):
 
     # -- collections -------------------------------------------------------------
     def _collection(self, cat: Any, coll: str, base: str) -> dict[str, Any]:
-        from .items import collection_dict
-
-        summary = cat.index.collection_summary(coll)
-        if not summary.item_ids:
+        doc = cat.collection_document(coll)
+        if doc is None:
             raise ApiError(404, "NotFound", f"no collection {coll!r}; GET /collections lists them")
-        stac, description = cat._collection_meta(summary)
-        doc = collection_dict(summary, description, stac)
         doc["links"] = [
             {"rel": "self", "type": "application/json", "href": f"{base}collections/{coll}"},
             {"rel": "parent", "type": "application/json", "href": base},
@@ -174,7 +170,7 @@ class LakeClient(BaseCoreClient):
     def _api_item(self, cat: Any, href: str, base: str) -> dict[str, Any]:
         from .items import with_absolute_hrefs
 
-        item = cat._item(href, False)
+        item = cat.item_at(href)
         # a source file outside the lake (an absolute local path) is not served: no client could use its href
         item["assets"] = {k: a for k, a in (item.get("assets") or {}).items()
                           if not str(a.get("href", "")).startswith("/")}

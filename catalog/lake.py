@@ -717,6 +717,18 @@ class LakeCatalog:
         """The item dicts of ``hits``; ``absolute``: hrefs made absolute, with a ``self`` link (usable elsewhere)."""
         return [self._item(h.href, absolute) for h in hits if h.href]
 
+    def item_at(self, href: str) -> dict[str, Any]:
+        """The item file at ``href`` (relative to the lake, as the index holds it), hrefs as written."""
+        return self._item(href, False)
+
+    def collection_document(self, collection: str) -> dict[str, Any] | None:
+        """A collection's STAC document as the index makes it now (``None``: no item in it)."""
+        summary = self.index.collection_summary(collection)
+        if not summary.item_ids:
+            return None
+        stac, description = self._collection_meta(summary)
+        return collection_dict(summary, description, stac)
+
     def _item(self, href: str, absolute: bool) -> dict[str, Any]:
         path = self.root / href
         item = read_item(path)

@@ -104,7 +104,7 @@ def _spectrum(catalogs: Any, collection_id: str, item_id: str, lon: float, lat: 
     hit = cat.index.get(item_id)
     if hit is None or hit.collection != collection_id or not hit.href:
         raise ApiError(404, "NotFound", f"no item {item_id!r} in collection {collection_id!r}")
-    item = cat._item(hit.href, False)
+    item = cat.item_at(hit.href)
     found = _cog_asset(item)
     if found is None:
         raise ApiError(404, "NotFound", f"item {item_id!r} has no COG to read a spectrum from")

@@ -139,6 +139,7 @@ def _item_collection(out: str) -> None:
 CHECKS: dict[str, Callable[[str], None]] = {
     "--bbox 12.9,52.3,13.2,52.5 --datetime 2022-06/2022-08": _enmap_table,
     "--geohash u336": _item_collection,
+    "covers_wavelength(450, 1300) AND S_INTERSECTS": _enmap_table,  # CQL2 text on the command line
     "--intersects field.geojson": lambda out: _check("enmap_potsdam_tile_96_0" in out, out),
     "catalog validate": lambda out: _check(", 0 invalid" in out, out),
     "loader plan lake/scenes/enmap_potsdam_tile_96_0": lambda out: _check(
@@ -175,6 +176,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
 PY_OUTPUT: dict[str, list[str]] = {
     "refs.combine_refs(": ["EPSG:32633", "{'scene': 2, 'band': 1, 'y': 549, 'x': 549}"],
     'lake="s3://my-bucket/lake"': ["4 True"],
+    "odc.stac.load(items": [str(sorted(ENMAP)), "{'y': 64, 'x': 64, 'time': 1} int16 -32768.0"],
     "LinkEmulator(os.environ": ["True 2 {'503': 0, '500': 1, 'reset': 0, 'truncate': 0, 'stall': 0}"],
 }
 EXIT_CODES = {"cubelake validate ../shared/data/real/bad_inputs": 1}  # its inputs are bad: exit 1 says so
