@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,24 +39,13 @@ CLI = str(Path(sys.executable).with_name("cubelake"))
 
 def build_lake(root: Path, n: int, seed: int) -> float:
     """Write ``n`` items (files and index) into a new lake at ``root``; returns the seconds taken."""
+    from api_server import synthetic_lake  # the tests' writer of synthetic lakes
+
     from cubelake.catalog.index import CatalogIndex
-    from cubelake.catalog.items import item_json
-    from cubelake.lake import Lake
 
     t0 = time.perf_counter()
-    Lake(root, create=True)
-    hrefs: dict[str, str] = {}
-
-    def written(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for item in items:
-            href = f"scenes/{item['id']}/item.json"
-            (root / href).parent.mkdir(parents=True, exist_ok=True)
-            (root / href).write_text(item_json(item))
-            hrefs[item["id"]] = href
-            yield item
-
+    synthetic_lake(root, synthetic_items(n, seed))
     with CatalogIndex(root / "catalog.sqlite") as idx:
-        idx.insert_items(written(synthetic_items(n, seed)), batch_size=10_000, href=lambda item: hrefs[item["id"]])
         idx.analyze()
     (root / "bench.json").write_text(json.dumps({"items": n, "seed": seed}))
     return time.perf_counter() - t0
