@@ -242,3 +242,46 @@ def test_a_lake_on_s3_is_served_with_presigned_asset_hrefs(real_lake: Path, s3_s
         assert "X-Amz-Signature=" in r.headers["location"]
         local = real_lake / "scenes" / item["id"] / href.rsplit("/", 1)[1]  # an object lake versions its products
         assert httpx.get(href, follow_redirects=True).content == local.read_bytes()
+
+
+def test_pixel_spectra_are_the_cogs_values(api: str, real_lake: Path) -> None:
+    import rasterio
+    from rasterio.warp import transform
+
+    item = httpx.get(api + "collections/enmap-l2a/items", params={"limit": 1}).json()["features"][0]
+    cog = real_lake / item["assets"]["cog"]["href"].removeprefix(api + "lake/")
+    with rasterio.open(cog) as src:
+        x, y = src.xy(5, 7)
+        (lon,), (lat,) = transform(src.crs, "EPSG:4326", [x], [y])
+        want = src.read(window=((5, 6), (7, 8)))[:, 0, 0]
+    url = f"{api}collections/enmap-l2a/items/{item['id']}/spectrum"
+    got = httpx.get(url, params={"lon": lon, "lat": lat}).json()
+    assert (got["row"], got["col"]) == (5, 7)
+    assert got["values"] == [float(v) for v in want]
+    assert len(got["wavelength_um"]) == len(want)
+    assert got["wavelength_um"][0] == item["assets"]["cog"]["bands"][0]["eo:center_wavelength"]
+    for params, status in (({"lon": 0, "lat": 0}, 404), ({"lon": 500, "lat": 0}, 400), ({"lon": "x", "lat": 0}, 400)):
+        r = httpx.get(url, params=params)
+        assert r.status_code == status, r.text
+        assert set(r.json()) == {"code", "description"}
+    assert httpx.get(f"{api}collections/enmap-l2a/items/nope/spectrum", params={"lon": 0, "lat": 0}).status_code == 404
+
+
+def test_collection_queryables(api: str) -> None:
+    q = httpx.get(api + "collections/landsat8-oli/queryables").json()
+    assert q["$id"].endswith("collections/landsat8-oli/queryables")
+    assert q["properties"]["eo:cloud_cover"]["type"] == "number"
+    assert httpx.get(api + "collections/nope/queryables").status_code == 404
+
+
+def test_serve_refuses_what_it_cannot_serve(tmp_path: Path, api: str, real_lake: Path) -> None:
+    res = run_cli("catalog", "serve", "--lake", str(tmp_path / "nolake"), "--port", "0")
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert str(tmp_path / "nolake") in res.stderr
+    taken = api.rsplit(":", 1)[1].strip("/")  # the module's server holds this port
+    res = run_cli("catalog", "serve", "--lake", str(real_lake), "--port", taken)
+    assert res.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{taken}" in res.stderr
+    assert "--port" in res.stderr
+    assert "Traceback" not in res.stderr
