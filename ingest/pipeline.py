@@ -104,8 +104,8 @@ from .sources import (
     open_source,
 )
 from .sources.remote import remote_input
-from .thumbnail import ThumbnailSpec, choose_bands
-from .thumbnail_writer import THUMBNAIL_FILE, BandReader, TiffBands, ZarrBands, write_thumbnail
+from .thumbnail import ThumbnailSpec, candidate_bands, choose_accumulated
+from .thumbnail_writer import THUMBNAIL_FILE, ThumbnailSink, write_thumbnail
 from .validate import Limits, check_dimensions, check_georeferencing, inspect_tiff, stats_issues
 from .zarr_writer import ZarrCodecSpec, ZarrSink, create_zarr, finish_zarr
 
@@ -755,8 +755,9 @@ def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None
         cube_spec = _cube_spec(ctx.plan, ctx.meta, ctx.scene_id, ctx.cfg_hash)
         zarr = _start_zarr(ctx, staged, cube_spec) if ctx.wants("zarr") else None
         cog = _start_cog(ctx, staged) if want_cog else None
+        thumb = _start_thumbnail(ctx)
         valid_mask = ValidMask(ctx.meta.height, ctx.meta.width)
-        result = _scan(ctx, zarr, cog, valid_mask)
+        result = _scan(ctx, zarr, cog, valid_mask, thumb)
         if not ctx.report.ok:
             if cog is not None:
                 cog.abort()
@@ -772,7 +773,7 @@ def _build(ctx: _BuildContext, hasher: _Background, previous: SceneRecord | None
         measured = _measure(ctx, result, valid_mask, hasher)
         if zarr is not None:
             products["zarr"] = _finish_scene_zarr(ctx, staged, measured, zarr)
-        thumbnail = _write_scene_thumbnail(ctx, staged, products, measured)
+        thumbnail = _write_scene_thumbnail(ctx, staged, thumb, measured) if thumb is not None else None
         record = _scene_record(ctx, measured, products, labels, aux_layers, thumbnail)
         _write_records(staged, record, ctx.report)
         ctx.emit("publish")
@@ -810,9 +811,10 @@ def _start_cog(ctx: _BuildContext, staged: Path) -> CogSink:
     )
 
 
-def _scan(ctx: _BuildContext, zarr: ZarrSink | None, cog: CogSink | None, valid_mask: ValidMask) -> ScanResult:
+def _scan(ctx: _BuildContext, zarr: ZarrSink | None, cog: CogSink | None, valid_mask: ValidMask,
+          thumb: ThumbnailSink | None = None) -> ScanResult:
     """The pixel pass, written into the sinks; values clipped to the encoding's range are a warning."""
-    sinks = [s for s in (zarr, cog) if s is not None]
+    sinks: list[ZarrSink | CogSink | ThumbnailSink] = [s for s in (zarr, cog, thumb) if s is not None]
     try:
         result = _pixel_pass(ctx.opened, ctx.options, sinks, lambda d, t: ctx.emit("scan", d, t), ctx.plan.chunk,
                              ctx.shard, valid_mask)
@@ -918,37 +920,33 @@ def _finish_scene_zarr(ctx: _BuildContext, staged: Path, measured: _Measured, si
                        media_type="application/vnd+zarr; version=3", tree_blake3=tree_blake3(path, sink.hashes))
 
 
-def _thumbnail_reader(ctx: _BuildContext, staged: Path,
-                      products: dict[str, ProductInfo]) -> tuple[BandReader, float, float]:
-    """Where the preview's bands are read from, with the scale and offset that decode them: the staged COG,
-    else the staged Zarr, else the source GeoTIFF the references point at in place (raw values: a linear
-    calibration with a positive gain does not change a percentile stretch)."""
-    enc = ctx.plan.calibration.encoding
-    if "cog" in products:
-        n = len(ctx.plan.bands)
-        return TiffBands(staged / products["cog"].path, tuple(range(1, n + 1)), enc.fill_value), enc.scale_factor, \
-            enc.add_offset
-    if "zarr" in products:
-        zarr = products["zarr"]
-        return ZarrBands(staged / zarr.path, zarr.array or "data", enc.fill_value), enc.scale_factor, enc.add_offset
-    return TiffBands(Path(ctx.meta.files[0]), tuple(b.number for b in ctx.plan.bands), ctx.meta.nodata), 1.0, 0.0
-
-
-def _write_scene_thumbnail(ctx: _BuildContext, staged: Path, products: dict[str, ProductInfo],
-                           measured: _Measured) -> Thumbnail | None:
-    """Render ``thumbnail.png`` into the staging folder from the bands :func:`choose_bands` picks; its record."""
+def _start_thumbnail(ctx: _BuildContext) -> ThumbnailSink | None:
+    """The preview's sink for the pixel pass (``None`` when thumbnails are off): it bins the candidate bands of
+    every stored block, so the thumbnail costs no read after the pass, whichever products are written."""
     spec = ctx.options.thumbnail
     if spec is None:
         return None
+    candidates = candidate_bands([b.wavelength_nm for b in ctx.plan.bands], spec)
+    return ThumbnailSink(candidates, (ctx.meta.height, ctx.meta.width), spec, ctx.plan.calibration.encoding.fill_value)
+
+
+def _write_scene_thumbnail(ctx: _BuildContext, staged: Path, sink: ThumbnailSink,
+                           measured: _Measured) -> Thumbnail | None:
+    """Render ``thumbnail.png`` into the staging folder from what ``sink`` binned during the pass; its record
+    (``None``, with a warning in the log, when no band the sink binned has a valid pixel)."""
+    spec = ctx.options.thumbnail
+    assert spec is not None  # a sink exists only with a spec
     ctx.emit("thumbnail")
     bands = ctx.plan.bands
-    choice = choose_bands([b.wavelength_nm for b in bands], spec, measured.stats["count"])
-    reader, scale, offset = _thumbnail_reader(ctx, staged, products)
-    with rasterio.Env(GDAL_CACHEMAX=ctx.options.gdal_cache_bytes):  # a COG without overviews is read whole
-        written = write_thumbnail(reader, choice, (ctx.meta.height, ctx.meta.width), staged / THUMBNAIL_FILE, spec,
-                                  scale, offset)
-    log.info("%s: thumbnail %s (%dx%d px) in %.2f s", ctx.scene_id, choice.title(spec), written.width,
-             written.height, written.seconds)
+    try:
+        choice = choose_accumulated([b.wavelength_nm for b in bands], sink.candidates, spec, measured.stats["count"])
+    except ValueError as exc:
+        log.warning("%s: no thumbnail: %s", ctx.scene_id, exc)
+        return None
+    enc = ctx.plan.calibration.encoding
+    written = write_thumbnail(sink, choice, staged / THUMBNAIL_FILE, spec, enc.scale_factor, enc.add_offset)
+    log.info("%s: thumbnail %s (%dx%d px), %.2f s binning during the pass and %.2f s after it", ctx.scene_id,
+             choice.title(spec), written.width, written.height, sink.seconds, written.seconds)
     return Thumbnail(path=THUMBNAIL_FILE, bytes=written.bytes, blake3=file_blake3(written.path),
                      height=written.height, width=written.width, mode=choice.mode, bands=list(choice.indices),
                      wavelengths_nm=list(choice.wavelengths_nm), title=choice.title(spec),

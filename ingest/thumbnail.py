@@ -10,7 +10,13 @@ The choices, and why:
   usual false colour of vegetation. Failing that (a SWIR-only sensor, say), three bands spread
   across the sensor's range (at 1/6, 1/2 and 5/6 of it, the longest wavelength in red). With
   fewer than three usable bands, or none with a wavelength, one band in greyscale: the one nearest
-  550 nm, else the middle band. A band no valid pixel is never chosen.
+  550 nm, else the middle band. A band without a valid pixel is never chosen. The thumbnail is
+  accumulated during the ingest's one pixel pass, before the valid counts are known, so the pass
+  bins :func:`candidate_bands` (the choice, then the choice without those bands: at most six) and
+  :func:`choose_accumulated` picks among them after it: the same bands as :func:`choose_bands`
+  unless a chosen band is empty and its replacement was not a candidate, then the best among the
+  candidates (each further round would cost 12 MB more of sums and counts, for a case seen in no
+  scene).
 - **Stretch.** Each channel linearly from its 2nd to its 98th percentile (robust to a few hot or
   dark pixels), computed over the pixels shown only: a pixel that is nodata, NaN or masked in any
   channel counts in no channel. A channel whose percentiles coincide (a constant band) is mid grey
@@ -38,7 +44,10 @@ __all__ = [
     "RED_NM",
     "BandChoice",
     "BinnedMean",
+    "BinnedPart",
     "ThumbnailSpec",
+    "candidate_bands",
+    "choose_accumulated",
     "choose_bands",
     "compose",
     "stored_valid",
@@ -165,6 +174,41 @@ def choose_bands(wavelengths_nm: Sequence[float | None], spec: ThumbnailSpec = T
     return BandChoice("greyscale", (usable[len(usable) // 2],), (None,))
 
 
+def candidate_bands(wavelengths_nm: Sequence[float | None], spec: ThumbnailSpec = ThumbnailSpec(),
+                    rounds: int = 2) -> tuple[int, ...]:
+    """The bands to accumulate while the valid counts are unknown: :func:`choose_bands`' choice, then its choice
+    with those bands taken away, ``rounds`` times in all (at most ``3 * rounds`` distinct bands, first choice first)."""
+    taken: set[int] = set()
+    picked: list[int] = []
+    for _ in range(rounds):
+        counts: list[int | None] = [0 if i in taken else None for i in range(len(wavelengths_nm))]
+        try:
+            choice = choose_bands(wavelengths_nm, spec, counts)
+        except ValueError:  # every band taken already
+            break
+        picked.extend(choice.indices)
+        taken.update(choice.indices)
+    return tuple(picked)
+
+
+def choose_accumulated(wavelengths_nm: Sequence[float | None], accumulated: Sequence[int],
+                       spec: ThumbnailSpec = ThumbnailSpec(),
+                       valid_counts: Sequence[int | None] | None = None) -> BandChoice:
+    """The bands to show among the ``accumulated`` ones, once the valid counts are known: :func:`choose_bands`'
+    choice when every band of it was accumulated, else its choice with the others counted as empty.
+    Raises ``ValueError`` when no accumulated band has a valid pixel."""
+    choice = choose_bands(wavelengths_nm, spec, valid_counts)
+    have = set(accumulated)
+    if have.issuperset(choice.indices):
+        return choice
+    counts = list(valid_counts) if valid_counts is not None else [None] * len(wavelengths_nm)
+    try:
+        return choose_bands(wavelengths_nm, spec, [c if i in have else 0 for i, c in enumerate(counts)])
+    except ValueError:
+        raise ValueError(f"none of the bands accumulated for the thumbnail ({', '.join(str(i + 1) for i in sorted(have))}"
+                         ", 1-based) has a valid pixel") from None
+
+
 def _choice(mode: Mode, indices: tuple[int, ...], known: dict[int, float]) -> BandChoice:
     return BandChoice(mode, indices, tuple(known.get(i) for i in indices))
 
@@ -219,6 +263,17 @@ def stored_valid(stored: np.ndarray, fill_value: float | None) -> np.ndarray:
     return valid
 
 
+@dataclass(frozen=True, slots=True)
+class BinnedPart:
+    """One window's contribution to a :class:`BinnedMean`: sums and valid counts (c, rows, cols) of the bins
+    ``row_bins`` x ``col_bins`` it touches."""
+
+    row_bins: np.ndarray
+    col_bins: np.ndarray
+    sums: np.ndarray
+    counts: np.ndarray
+
+
 class BinnedMean:
     """The mean of valid pixels of a (c, height, width) raster over a (c, h, w) grid of bins, fed window by
     window, so the raster is never whole in memory. Source row ``i`` falls in bin ``i * h // height`` (columns
@@ -231,14 +286,24 @@ class BinnedMean:
 
     def add(self, block: np.ndarray, valid: np.ndarray, row_off: int, col_off: int) -> None:
         """Add the window ``block`` (c, y, x) whose first pixel is at (``row_off``, ``col_off``) of the scene."""
+        self.merge(self.partial(block, valid, row_off, col_off))
+
+    def partial(self, block: np.ndarray, valid: np.ndarray, row_off: int, col_off: int) -> BinnedPart:
+        """The sums and counts of one window, not yet added (so threads can bin windows in parallel and
+        :meth:`merge` them one at a time, in any order)."""
         _, ny, nx = block.shape
         rows, row_bins = _runs(row_off, ny, self.scene_shape[0], self.shape[0])
         cols, col_bins = _runs(col_off, nx, self.scene_shape[1], self.shape[1])
         values = np.where(valid, block, 0.0)
         sums = np.add.reduceat(np.add.reduceat(values, rows, axis=1), cols, axis=2)
         counts = np.add.reduceat(np.add.reduceat(valid.astype(np.int64), rows, axis=1), cols, axis=2)
-        self.sums[:, row_bins[:, None], col_bins[None, :]] += sums
-        self.counts[:, row_bins[:, None], col_bins[None, :]] += counts
+        return BinnedPart(row_bins, col_bins, sums, counts)
+
+    def merge(self, part: BinnedPart) -> None:
+        """Add a window's :meth:`partial` sums (not thread-safe: the caller serialises merges)."""
+        # a window's bins are distinct, so the fancy-indexed += adds each once
+        self.sums[:, part.row_bins[:, None], part.col_bins[None, :]] += part.sums
+        self.counts[:, part.row_bins[:, None], part.col_bins[None, :]] += part.counts
 
     def mean(self) -> tuple[np.ndarray, np.ndarray]:
         """The means (c, h, w; NaN where a bin has no valid pixel) and where they are valid."""

@@ -1,31 +1,30 @@
-"""Read a scene's preview bands, decimated, and write ``thumbnail.png`` (the choices: :mod:`.thumbnail`).
+"""Bin a scene's preview bands during the pixel pass, and write ``thumbnail.png`` (the choices: :mod:`.thumbnail`).
 
-Only the one or three bands shown are read, a window of whole blocks at a time, and averaged down
-to the thumbnail's size as they come (:class:`~.thumbnail.BinnedMean`): from a GeoTIFF (the scene's
-COG, or a source referenced in place; a COG's overviews are used when it has them) or from the Zarr
-store. The whole cube is never in memory: one window of the bands shown (at most 64 MiB) and the
-thumbnail's sums are. The PNG is written into the scene's staging folder, so it is published with the products.
+:class:`ThumbnailSink` is one more sink of the ingest's one pixel pass: it receives every stored
+block (calibrated and encoded, in the product's values) as the COG and Zarr do, and averages the
+few candidate bands down to the thumbnail's size as they come (:class:`~.thumbnail.BinnedMean`), so
+nothing is read again after the pass. Memory is the sums and counts of the candidates only (at most
+6 bands x 512 x 512 x 16 bytes = 25 MB). After the pass, :func:`write_thumbnail` decodes the chosen
+bands' means, stretches them and writes the PNG into the scene's staging folder, so it is published
+with the products.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
-import rasterio
-from rasterio.enums import Resampling
-from rasterio.errors import NotGeoreferencedWarning
-from rasterio.windows import Window
+
+from cubelake.grid import Window
 
 from .thumbnail import BandChoice, BinnedMean, ThumbnailSpec, compose, stored_valid, thumbnail_shape
 
-__all__ = ["THUMBNAIL_FILE", "BandReader", "TiffBands", "WrittenThumbnail", "ZarrBands", "write_thumbnail"]
+__all__ = ["THUMBNAIL_FILE", "ThumbnailSink", "WrittenThumbnail", "write_thumbnail"]
 
 log = logging.getLogger(__name__)
 
@@ -33,94 +32,49 @@ log = logging.getLogger(__name__)
 THUMBNAIL_FILE = "thumbnail.png"
 
 
-#: The most bytes of one window read while binning (float64, the bands shown); a scene's full width fits
-#: unless it is very wide, then the window is a whole number of blocks narrower.
-_WINDOW_BYTES = 64 * 1024**2
+class ThumbnailSink:
+    """A pixel-pass sink (:class:`~.scan.ChunkSink`) that bins the stored bands ``candidates`` (0-based, kept
+    bands) of a scene of ``scene_shape`` (y, x) px to the thumbnail's size; thread-safe, blocks in any order.
 
-
-class BandReader(Protocol):
-    """Reads stored bands of a scene reduced to the thumbnail's size; what the thumbnail needs from a product."""
-
-    def read(self, indices: Sequence[int], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Stored bands ``indices`` (0-based) averaged down to ``shape`` (y, x): float64 (band, y, x) means of
-        the valid pixels, and where there was one."""
-        ...
-
-
-def _windows(scene_shape: tuple[int, int], block: tuple[int, int], channels: int) -> Iterator[Window]:
-    """Windows of whole blocks covering the scene row by row, each at most ``_WINDOW_BYTES`` of float64."""
-    (height, width), (bh, bw) = scene_shape, block
-    per_column = max(1, bh) * channels * 8
-    cols = max(bw, (_WINDOW_BYTES // per_column) // bw * bw)
-    for row in range(0, height, bh):
-        for col in range(0, width, cols):
-            yield Window(col, row, min(cols, width - col), min(bh, height - row))
-
-
-def _binned(read_window: Callable[[Window], np.ndarray], fill_value: float | None, channels: int,
-            scene_shape: tuple[int, int], block: tuple[int, int], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of the valid pixels per thumbnail pixel, read window by window with ``read_window``."""
-    acc = BinnedMean(channels, scene_shape, shape)
-    for w in _windows(scene_shape, block, channels):
-        data = read_window(w).astype(np.float64, copy=False)
-        acc.add(data, stored_valid(data, fill_value), int(w.row_off), int(w.col_off))
-    return acc.mean()
-
-
-@dataclass(frozen=True, slots=True)
-class TiffBands:
-    """A GeoTIFF's bands: stored band ``i`` is the file's band ``band_numbers[i]`` (1-based).
-
-    With overviews, GDAL's averaging read takes them (fast, and it honours nodata); without, the
-    bands are read block row by block row, all of them in one request so each tile is decoded once
-    (a pixel-interleaved COG keeps every band in each tile), and averaged here.
+    ``fill_value``: the stored fill value (``None``: only NaN is missing).
     """
 
-    path: Path
-    band_numbers: tuple[int, ...]
-    fill_value: float | None
+    def __init__(self, candidates: Sequence[int], scene_shape: tuple[int, int], spec: ThumbnailSpec,
+                 fill_value: float | None) -> None:
+        if not candidates:
+            raise ValueError("a thumbnail sink needs at least one band to accumulate")
+        self.candidates = tuple(candidates)
+        self.shape = thumbnail_shape(*scene_shape, spec.max_side)
+        self.fill_value = fill_value
+        self.seconds = 0.0  # time spent binning, summed over the pass's threads
+        self._acc = BinnedMean(len(self.candidates), scene_shape, self.shape)
+        self._lock = threading.Lock()
 
-    def read(self, indices: Sequence[int], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        numbers = [self.band_numbers[i] for i in indices]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            with rasterio.open(self.path) as ds:
-                scene = (ds.height, ds.width)
-                if scene != shape and ds.overviews(numbers[0]):
-                    data = ds.read(indexes=numbers, out_shape=(len(numbers), *shape), out_dtype="float64",
-                                   resampling=Resampling.average)
-                    valid = stored_valid(data, self.fill_value)
-                    return np.where(valid, data, np.nan), valid
-                return _binned(lambda w: ds.read(indexes=numbers, window=w), self.fill_value, len(numbers), scene,
-                               ds.block_shapes[0], shape)
+    def write(self, window: Window, data: np.ndarray) -> None:
+        """Bin the candidate bands of the stored block ``data`` (kept band, y, x) covering ``window``."""
+        t0 = time.perf_counter()
+        block = data[list(self.candidates)].astype(np.float64)
+        part = self._acc.partial(block, stored_valid(block, self.fill_value), window.row_off, window.col_off)
+        with self._lock:
+            self._acc.merge(part)
+            self.seconds += time.perf_counter() - t0
 
-
-@dataclass(frozen=True, slots=True)
-class ZarrBands:
-    """The ``array`` of a Zarr store laid out ``(band, y, x)``, read a row of chunks at a time."""
-
-    path: Path
-    array: str
-    fill_value: float | None
-
-    def read(self, indices: Sequence[int], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        import zarr
-
-        arr = zarr.open_array(store=str(self.path), path=self.array, mode="r")
-        _, height, width = arr.shape
-        bands = np.asarray(indices, dtype=np.int64)
-
-        def read_window(w: Window) -> np.ndarray:
-            rows, cols = slice(w.row_off, w.row_off + w.height), slice(w.col_off, w.col_off + w.width)
-            return np.asarray(arr.get_orthogonal_selection((bands, rows, cols)))
-
-        chunks = (int(arr.chunks[1]), int(arr.chunks[2]))
-        return _binned(read_window, self.fill_value, len(indices), (height, width), chunks, shape)
+    def means(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Stored bands ``indices`` (each one of the candidates) averaged down to :attr:`shape`: float64
+        (band, y, x) means of the valid stored values, and where there was one."""
+        missing = [i for i in indices if i not in self.candidates]
+        if missing:
+            raise ValueError(f"bands {missing} (0-based) were not accumulated; the candidates are {self.candidates}")
+        rows = [self.candidates.index(i) for i in indices]
+        with self._lock:
+            mean, valid = self._acc.mean()
+        return mean[rows], valid[rows]
 
 
 @dataclass(frozen=True, slots=True)
 class WrittenThumbnail:
-    """A written thumbnail: its file, size (bytes), image size (px) and the bands it shows."""
+    """A written thumbnail: its file, size (bytes), image size (px), the bands it shows, and the seconds it
+    took after the pass (stretch and PNG)."""
 
     path: Path
     bytes: int
@@ -130,21 +84,23 @@ class WrittenThumbnail:
     seconds: float
 
 
-def write_thumbnail(reader: BandReader, choice: BandChoice, scene_shape: tuple[int, int], target: Path,
-                    spec: ThumbnailSpec, scale_factor: float = 1.0, add_offset: float = 0.0) -> WrittenThumbnail:
-    """Render the ``choice`` bands of a scene of ``scene_shape`` (y, x) px into the PNG ``target``.
+def write_thumbnail(sink: ThumbnailSink, choice: BandChoice, target: Path, spec: ThumbnailSpec,
+                    scale_factor: float = 1.0, add_offset: float = 0.0) -> WrittenThumbnail:
+    """Render the ``choice`` bands binned by ``sink`` into the PNG ``target``.
 
     ``scale_factor``/``add_offset``: the stored values' CF encoding (decoded before the stretch, so a
-    negative scale does not invert the image).
+    negative scale does not invert the image; the decoding is linear, so decoding the means is decoding
+    each value and averaging).
     """
     from PIL import Image  # only the ingest writes PNGs
 
     t0 = time.perf_counter()
-    shape = thumbnail_shape(*scene_shape, spec.max_side)
-    stored, valid = reader.read(choice.indices, shape)
+    stored, valid = sink.means(choice.indices)
     physical = np.where(valid, stored * scale_factor + add_offset, np.nan)
     image = compose(physical, valid, spec)
     Image.fromarray(image).save(target, format="PNG", optimize=True)  # (y, x, 4): RGBA; (y, x, 2): LA
     seconds = time.perf_counter() - t0
-    log.debug("%s: %dx%d thumbnail (%s) in %.3f s", target, shape[1], shape[0], choice.mode, seconds)
-    return WrittenThumbnail(target, target.stat().st_size, shape[0], shape[1], choice, seconds)
+    height, width = sink.shape
+    log.debug("%s: %dx%d thumbnail (%s) in %.3f s after the pass, %.3f s binning in it", target, width, height,
+              choice.mode, seconds, sink.seconds)
+    return WrittenThumbnail(target, target.stat().st_size, height, width, choice, seconds)

@@ -1,10 +1,11 @@
-"""The scene thumbnail: band choice and stretch (pure), the decimated reads, and end to end on a real
-EnMAP tile, where the PNG is compared with a rendering computed here from the source alone."""
+"""The scene thumbnail: band choice and stretch (pure), the sink that bins it during the pixel pass, and end
+to end on a real EnMAP tile, where the PNG is compared with a rendering computed here from the source alone."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,25 +15,27 @@ import rasterio
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
-from rasterio.transform import from_origin
 
 from cubelake.catalog import validate_stac
 from cubelake.catalog.validate import stac_registry
 from cubelake.copy import copy_lake
+from cubelake.grid import Window
 from cubelake.ingest import IngestOptions, Outcome, ThumbnailSpec, ingest
 from cubelake.ingest.thumbnail import (
     BandChoice,
     BinnedMean,
+    candidate_bands,
+    choose_accumulated,
     choose_bands,
     compose,
     stored_valid,
     stretch,
     thumbnail_shape,
 )
-from cubelake.ingest.thumbnail_writer import TiffBands, ZarrBands
+from cubelake.ingest.thumbnail_writer import ThumbnailSink
 from cubelake.record import read_scene_record
 
-from ..conftest import REAL
+from ..conftest import REAL, hsi_cube, write_geotiff
 
 ENMAP = REAL / "hsi_enmap_potsdam" / "enmap_potsdam_tile_96_0.tif"
 SHARED_SCHEMAS = REAL.parent.parent / "schemas" / "stac-extensions"
@@ -134,6 +137,39 @@ def test_any_sensor_gets_distinct_bands_in_channel_order(wavelengths: list[float
         assert g is not None
         assert b is not None
         assert r >= g >= b  # spectral order: the longest wavelength in red
+
+
+def test_the_candidates_are_the_choice_then_the_choice_without_it() -> None:
+    wl: list[float | None] = [465.0, 475.0, 545.0, 555.0, 635.0, 645.0, 860.0]
+    assert candidate_bands(wl, SPEC) == (4, 2, 0, 5, 3, 1)
+    assert candidate_bands(wl, SPEC, rounds=1) == choose_bands(wl, SPEC).indices
+    assert candidate_bands([None] * 5, SPEC) == (2, 3)          # greyscale: the middle band, then the next middle
+    assert candidate_bands([550.0], SPEC) == (0,)               # nothing left for a second round
+
+
+@pytest.mark.parametrize("counts", [
+    None,
+    [10, 10, 10, 10, 10, 10, 10],
+    [10, 10, 10, 10, 0, 10, 10],     # red empty: its replacement 645 nm was accumulated
+    [0, 10, 10, 10, 0, 10, 10],      # red and blue empty: both replacements accumulated
+])
+def test_the_choice_among_candidates_is_choose_bands_when_its_bands_were_accumulated(
+        counts: list[int | None] | None) -> None:
+    wl: list[float | None] = [465.0, 475.0, 545.0, 555.0, 635.0, 645.0, 860.0]
+    assert choose_accumulated(wl, candidate_bands(wl, SPEC), SPEC, counts) == choose_bands(wl, SPEC, counts)
+
+
+def test_when_the_replacement_was_not_accumulated_the_best_candidate_is_shown() -> None:
+    wl: list[float | None] = [470.0, 550.0, 640.0, 641.0, 642.0]
+    accumulated = candidate_bands(wl, SPEC, rounds=1)
+    assert accumulated == (2, 1, 0)
+    counts: list[int | None] = [5, 5, 0, 5, 5]  # red empty; 641 nm would replace it but was not binned
+    assert choose_bands(wl, SPEC, counts).indices == (3, 1, 0)
+    choice = choose_accumulated(wl, accumulated, SPEC, counts)
+    assert choice.mode == "greyscale"  # two bands with data among those binned: the one nearest 550 nm
+    assert choice.indices == (1,)
+    with pytest.raises(ValueError, match=r"none of the bands accumulated for the thumbnail \(1, 2, 3, 1-based\)"):
+        choose_accumulated(wl, accumulated, SPEC, [0, 0, 0, 5, 5])
 
 
 # -- size ------------------------------------------------------------------------------------------------
@@ -246,74 +282,60 @@ def test_a_pixel_invalid_in_any_channel_is_transparent_and_counts_in_no_percenti
         compose(channels[:2], valid[:2], SPEC)
 
 
-# -- decimated reads -----------------------------------------------------------------------------------
+# -- the pixel-pass sink ------------------------------------------------------------------------------
 
-def _tiff(path: Path, data: np.ndarray, nodata: float | None) -> Path:
-    with rasterio.open(path, "w", driver="GTiff", count=data.shape[0], height=data.shape[1], width=data.shape[2],
-                       dtype=data.dtype, nodata=nodata, crs="EPSG:32633",
-                       transform=from_origin(0, 1000, 10, 10)) as dst:
-        dst.write(data)
-    return path
+def _feed(sink: ThumbnailSink, data: np.ndarray, block: int, workers: int = 4, reverse: bool = True) -> None:
+    """Write ``data`` (band, y, x) into ``sink`` in ``block`` px windows, from ``workers`` threads, last first."""
+    _, ny, nx = data.shape
+    windows = [Window(r, c, min(block, ny - r), min(block, nx - c))
+               for r in range(0, ny, block) for c in range(0, nx, block)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda w: sink.write(w, data[:, w.row_off:w.row_end, w.col_off:w.col_end]),
+                      windows[::-1] if reverse else windows))
 
 
-def test_the_tiff_read_averages_valid_pixels_only(tmp_path: Path) -> None:
-    data = np.arange(3 * 8 * 8, dtype="int16").reshape(3, 8, 8)
-    data[1, 0, 0] = -1             # one nodata pixel in a 2x2 block
-    data[1, 6:, 6:] = -1           # a block of nodata only
-    reader = TiffBands(_tiff(tmp_path / "a.tif", data, -1), (1, 2, 3), -1.0)
-    got, valid = reader.read([2, 1], (4, 4))  # stored bands 2 and 1 (0-based), as the file's bands 3 and 2
+@pytest.mark.parametrize("block", [2, 3, 8])  # aligned with the bins, not aligned, the whole scene at once
+def test_the_sink_averages_the_valid_pixels_of_the_candidate_bands_only(block: int) -> None:
+    data = np.arange(4 * 8 * 8, dtype="int16").reshape(4, 8, 8)
+    data[1, 0, 0] = -1             # one nodata pixel in a 2x2 bin
+    data[1, 6:, 6:] = -1           # a bin of nodata only
+    sink = ThumbnailSink((2, 1), (8, 8), ThumbnailSpec(max_side=4), -1.0)
+    _feed(sink, data, block)
+    got, valid = sink.means([2, 1])  # stored bands 2 and 1 (0-based)
     assert got.shape == valid.shape == (2, 4, 4)
     assert got.dtype == np.float64
-    want = data.astype(np.float64).reshape(3, 4, 2, 4, 2).mean(axis=(2, 4))
+    want = data.astype(np.float64).reshape(4, 4, 2, 4, 2).mean(axis=(2, 4))
     assert np.allclose(got[0], want[2])
     assert got[1, 0, 0] == pytest.approx(np.mean([data[1, 0, 1], data[1, 1, 0], data[1, 1, 1]]))
     assert not valid[1, 3, 3]  # nodata only: no value
+    assert np.isnan(got[1, 3, 3])
     assert valid.sum() == 31
     assert np.allclose(got[1, 1:3], want[1, 1:3])
+    assert np.array_equal(sink.means([1])[0], got[1:], equal_nan=True)  # any subset, in any order
+    with pytest.raises(ValueError, match=r"bands \[0\] \(0-based\) were not accumulated"):
+        sink.means([0])
 
 
-def test_a_tiff_with_overviews_is_read_through_them(tmp_path: Path) -> None:
-    from rasterio.enums import Resampling
-
-    data = np.arange(64 * 64, dtype="int16").reshape(1, 64, 64)
-    data[0, 0, 0] = -1
-    path = _tiff(tmp_path / "o.tif", data, -1)
-    with rasterio.open(path, "r+") as ds:
-        ds.build_overviews([2], Resampling.average)
-        ds.update_tags(ns="rio_overview", resampling="average")
-    with rasterio.open(path, "r+") as ds:  # an overview unlike the data shows which one was read
-        ds.write(np.zeros((1, 64, 64), "int16"))
-    got, valid = TiffBands(path, (1,), -1.0).read([0], (32, 32))
-    assert valid.all()  # the overview's average skipped the nodata pixels
-    want = data.astype(np.float64).reshape(1, 32, 2, 32, 2).mean(axis=(2, 4))
-    want[0, 0, 0] = np.mean([1, 64, 65])
-    assert np.allclose(got[0], want[0], atol=0.5)  # GDAL rounds an integer band's mean
-    assert got.min() > 0  # not the zeros written at full resolution
-
-
-def test_the_tiff_read_skips_nan_nodata(tmp_path: Path) -> None:
-    data = np.arange(64, dtype="float32").reshape(1, 8, 8)
+def test_the_sink_skips_nan_and_takes_pixel_interleaved_views() -> None:
+    data = np.arange(3 * 8 * 8, dtype="float32").reshape(3, 8, 8)
     data[0, 0, 0] = np.nan
     data[0, 6:, 6:] = np.nan
-    got, valid = TiffBands(_tiff(tmp_path / "f.tif", data, float("nan")), (1,), float("nan")).read([0], (4, 4))
+    pixels = np.ascontiguousarray(data.transpose(1, 2, 0)).transpose(2, 0, 1)  # as the pass reads such a COG
+    sink = ThumbnailSink((0,), (8, 8), ThumbnailSpec(max_side=4), None)
+    _feed(sink, pixels, 4)
+    got, valid = sink.means([0])
     assert got[0, 0, 0] == pytest.approx(np.mean([1.0, 8.0, 9.0]))  # the NaN pixel left out of the mean
     assert np.isnan(got[0, 3, 3])
     assert valid.sum() == 15
 
 
-def test_the_zarr_read_averages_chunk_row_by_chunk_row(tmp_path: Path) -> None:
-    import zarr
-
-    data = np.arange(4 * 10 * 6, dtype="int16").reshape(4, 10, 6)
-    arr = zarr.create_array(store=str(tmp_path / "c.zarr"), name="data", shape=data.shape, chunks=(4, 4, 4),
-                            dtype="int16", fill_value=-1)
-    arr[...] = data
-    arr[0, 0, 0] = -1
-    got, valid = ZarrBands(tmp_path / "c.zarr", "data", -1.0).read([3, 0], (5, 3))
-    want = data[[3, 0]].astype(np.float64).reshape(2, 5, 2, 3, 2).mean(axis=(2, 4))
-    want[1, 0, 0] = np.mean([data[0, 0, 1], data[0, 1, 0], data[0, 1, 1]])
+def test_a_small_scene_is_binned_pixel_for_pixel() -> None:
+    data = hsi_cube(5, 30, 20)
+    sink = ThumbnailSink((4, 0), (30, 20), SPEC, -32768.0)
+    _feed(sink, data, 7, workers=2)
+    got, valid = sink.means([0, 4])
     assert valid.all()
-    assert np.allclose(got, want)
+    assert np.array_equal(got, data[[0, 4]].astype(np.float64))
 
 
 # -- end to end: a real EnMAP tile ---------------------------------------------------------------------
@@ -433,7 +455,7 @@ def test_the_likeness_check_fails_for_swapped_channels(enmap_lake: Path) -> None
 
 
 @pytest.mark.parametrize("products", [("cog",), ("zarr",)])
-def test_a_smaller_max_side_decimates_from_the_cog_or_the_zarr(tmp_path: Path, products: tuple[str, ...]) -> None:
+def test_a_smaller_max_side_is_binned_in_the_pass_whatever_the_products(tmp_path: Path, products: tuple[str, ...]) -> None:
     (result,) = ingest([ENMAP], tmp_path / "lake", IngestOptions(products=products, workers=2,
                                                                    thumbnail=ThumbnailSpec(max_side=16)))
     assert result.outcome is Outcome.INGESTED, result.message
@@ -441,14 +463,14 @@ def test_a_smaller_max_side_decimates_from_the_cog_or_the_zarr(tmp_path: Path, p
     image = _png(scene / "thumbnail.png")
     assert image.shape == (16, 16, 4)
     ref, valid = reference_rendering(ENMAP, (16, 16))
-    # both reads average 2x2 blocks like the reference, but before the stretch, not after: averaging
+    # the sink averages 2x2 blocks like the reference, but before the stretch, not after: averaging
     # narrows the spread, so the 2-98 % range is narrower and the contrast a little higher (about 8 grey
     # levels on red here)
     assert_looks_like(image, ref, valid, max_mad=10.0)
 
 
-def test_refs_in_place_render_from_the_source(tmp_path: Path) -> None:
-    """Only references to a tiled source: no COG or Zarr in the lake, the thumbnail is read from the source.
+def test_refs_in_place_render_from_the_pixel_pass(tmp_path: Path) -> None:
+    """Only references to a tiled source: no COG or Zarr in the lake, the thumbnail is binned all the same.
 
     The source is the tile's first 60 bands (418-800 nm, none removed by the calibration, which references
     in place cannot do) rewritten with 64 px tiles."""
@@ -471,6 +493,27 @@ def test_refs_in_place_render_from_the_source(tmp_path: Path) -> None:
     image = _png(scene / "thumbnail.png")
     ref, valid = reference_rendering(tiled, image.shape[:2])
     assert_looks_like(image, ref, valid, max_mad=1.0)  # 0.24 measured: int16 rounding
+
+
+def test_a_band_found_empty_by_the_pass_is_replaced_by_a_candidate(tmp_path: Path) -> None:
+    """The 635 nm band, nearest red, is all nodata: only the pass can tell, and the 645 nm band binned beside
+    it is shown instead."""
+    wl = [465.0, 475.0, 545.0, 555.0, 635.0, 645.0]
+    data = hsi_cube(6, 40, 48)
+    data[4] = -32768
+    src = write_geotiff(tmp_path / "src.tif", data, nodata=-32768,
+                        band_tags=[{"wavelength": str(w), "wavelength_units": "Nanometers"} for w in wl])
+    (result,) = ingest([src], tmp_path / "lake", IngestOptions(products=("cog",), workers=2))
+    assert result.outcome is Outcome.INGESTED, result.message
+    scene = tmp_path / "lake" / "scenes" / str(result.scene_id)
+    thumb = read_scene_record(scene / "scene.json").thumbnail
+    assert thumb is not None
+    assert (thumb.mode, thumb.bands, thumb.wavelengths_nm) == ("true_colour", [5, 2, 0], [645.0, 545.0, 465.0])
+    image = _png(scene / "thumbnail.png")
+    assert image.shape == (40, 48, 4)
+    assert (image[..., 3] == 255).all()
+    for c, band in enumerate(thumb.bands):  # each channel is its band, stretched (full size: no binning)
+        assert np.array_equal(image[..., c], stretch(data[band].astype(np.float64), np.ones((40, 48), bool)))
 
 
 def test_reingesting_an_unchanged_scene_leaves_the_thumbnail_alone(tmp_path: Path) -> None:
