@@ -20,11 +20,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from cubelake.lake import DERIVED_ROOTS
+
 __all__ = ["WEB_DIR", "install_lake_files", "install_map", "lake_key"]
 
 WEB_DIR = Path(__file__).parent / "web"
 # the lake's top-level folders whose files the API may serve (scenes and derived products)
-_SERVED_ROOTS = ("scenes", "collections", "datacubes", "predictions")
+_SERVED_ROOTS = ("scenes", "collections", *DERIVED_ROOTS)
 _MAX_KEY = 1024
 
 
