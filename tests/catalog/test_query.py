@@ -10,6 +10,7 @@ import pytest
 from shapely.geometry import MultiPolygon, box
 
 from cubelake.catalog.query import (
+    ParsedQuery,
     PropertyFilter,
     Query,
     epoch,
@@ -505,3 +506,14 @@ def test_a_query_is_an_immutable_value() -> None:
 def test_a_search_geometry_must_be_geojson_in_lon_lat(doc: dict[str, Any], match: str) -> None:
     with pytest.raises(CatalogQueryError, match=match):
         parse_intersects(doc)
+
+
+def test_a_parsed_query_built_by_hand_constrains_nothing_as_an_empty_query_does() -> None:
+    # index.search takes a ParsedQuery as is: its defaults must mean "everything", as parse_query(Query()) does
+    assert parse_query(Query()) == ParsedQuery()
+
+
+def test_the_offset_skips_matches_and_is_never_negative() -> None:
+    assert parse_query(Query(offset=25)).offset == 25
+    with pytest.raises(CatalogQueryError, match="offset must be >= 0, got -1"):
+        parse_query(Query(offset=-1))
