@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import cql2
 import pytest
@@ -17,6 +18,8 @@ from cubelake.errors import CatalogQueryError
 from .conftest import Synth
 
 PLATFORMS = ("enmap", "prisma", "desis", "EnMAP", "landsat-8")
+VNIR = [(0.40 + 0.01 * k, 0.012) for k in range(61)]  # 0.394-1.006 um, no gaps
+SWIR = [(1.50 + 0.01 * k, 0.012) for k in range(101)]  # 1.494-2.506 um
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[CatalogIndex, list
         day = rng.randrange(1, 29)
         items.append(Synth(f"i{n:03d}", collection=("a", "b")[n % 2], geometry=geom,
                            datetime=f"2022-{1 + n % 12:02d}-{day:02d}T{n % 24:02d}:00:00Z",
+                           bands_um=VNIR if n % 2 else SWIR,
                            properties={"eo:cloud_cover": rng.randrange(0, 100), "platform": PLATFORMS[n % 5],
                                        "gsd": (30, 60, 5.5)[n % 3], "cubelake:quality": round(rng.random(), 3),
                                        "sat:ok": n % 4 == 0}).to_item())
@@ -55,6 +59,7 @@ EXPRESSIONS = [
     "datetime >= TIMESTAMP('2022-06-01T00:00:00Z') AND datetime < TIMESTAMP('2022-07-01T00:00:00Z')",
     "T_EQUALS(datetime, TIMESTAMP('2022-01-15T00:00:00Z'))",
     "(eo:cloud_cover < 50 OR platform = 'prisma') AND NOT (collection = 'b' AND gsd > 40)",
+    "eo:cloud_cover IS NULL OR id = 'i001'",
 ]
 
 
@@ -130,3 +135,84 @@ def test_json_filters_are_bounded_too() -> None:
         parse_cql2("{not json", "cql2-json")
     with pytest.raises(CatalogQueryError, match="filter-lang"):
         parse_cql2("a = 1", "cql-text")
+
+
+def test_covers_wavelength_is_the_bands_coverage(corpus: tuple[CatalogIndex, list[dict]]) -> None:
+    idx, items = corpus
+    vnir = sorted(i["id"] for n, i in enumerate(items) if n % 2)
+    swir = sorted(i["id"] for n, i in enumerate(items) if not n % 2)
+    assert sorted(h.id for h in idx.search(Query(filter="cubelake:covers_wavelength(450, 900)"))) == vnir
+    assert sorted(h.id for h in idx.search(Query(filter="cubelake:covers_wavelength(1600, 2400)"))) == swir
+    assert idx.search(Query(filter="cubelake:covers_wavelength(900, 1600)")) == []
+    with pytest.raises(CatalogQueryError, match=r"need 0 < lo <= hi"):
+        idx.search(Query(filter="cubelake:covers_wavelength(-5, 900)"))
+
+
+def test_interval_items_and_their_start_and_end(tmp_path: Path) -> None:
+    idx = CatalogIndex(tmp_path / "i.sqlite")
+    idx.insert_items([Synth("span", geometry=box(0, 0, 1, 1), start="2022-03-01T00:00:00Z",
+                            end="2022-03-31T00:00:00Z").to_item(),
+                      Synth("instant", geometry=box(0, 0, 1, 1), datetime="2022-03-15T00:00:00Z").to_item()])
+
+    def ids(text: str) -> list[str]:
+        return sorted(h.id for h in idx.search(Query(filter=text)))
+
+    # the span's end lies in the interval, its start does not: it intersects
+    assert ids("T_INTERSECTS(datetime, INTERVAL('2022-03-20T00:00:00Z', '2022-04-10T00:00:00Z'))") == ["span"]
+    assert ids("T_AFTER(end_datetime, TIMESTAMP('2022-03-20T00:00:00Z'))") == ["span"]
+    assert ids("T_BEFORE(start_datetime, TIMESTAMP('2022-03-10T00:00:00Z'))") == ["span"]
+    with pytest.raises(CatalogQueryError, match="starts after it ends"):
+        ids("T_INTERSECTS(datetime, INTERVAL('2022-05-01T00:00:00Z', '2022-01-01T00:00:00Z'))")
+    # a DATE given as a full time is that instant (JSON is not checked against the CQL2 schema)
+    at = {"op": "=", "args": [{"property": "datetime"}, {"date": "2022-03-15T00:00:00Z"}]}
+    assert sorted(h.id for h in idx.search(Query(filter=at))) == ["instant"]
+
+
+def test_bbox_literals_with_heights_and_their_size() -> None:
+    from shapely import from_wkb
+
+    from cubelake.catalog.cql import _geometry_wkb
+
+    wkb, bounds = _geometry_wkb({"bbox": [-0.5, -0.4, 0, 0.5, 0.6, 10]}, "s_intersects")
+    assert bounds == (-0.5, -0.4, 0.5, 0.6)
+    assert from_wkb(wkb).equals(box(-0.5, -0.4, 0.5, 0.6))
+    for bad in ([0, 0, 1, 1, 2], [0, 0, 1], [0, 0, 1, float("nan")]):
+        with pytest.raises(CatalogQueryError, match="BBOX needs 4 finite numbers"):
+            _geometry_wkb({"bbox": bad}, "s_intersects")
+
+
+def test_like_patterns_escape_and_globs_are_literal() -> None:
+    from cubelake.catalog.cql import _glob
+
+    assert _glob("a%b_c") == "a*b?c"
+    assert _glob("50\\%\\_x") == "50%_x"
+    assert _glob("a*b?[c") == "a[*]b[?][[]c"
+    assert _glob("end\\") == "end\\"  # a trailing backslash escapes nothing
+
+
+def test_the_spatial_function_never_matches_a_scene_without_footprint() -> None:
+    import shapely
+
+    from cubelake.catalog.cql import spatial_predicate
+
+    wkb = bytes(shapely.to_wkb(box(0, 0, 1, 1)))
+    assert spatial_predicate("s_intersects", None, wkb) == 0
+    assert spatial_predicate("s_intersects", bytes(shapely.to_wkb(Point(0.5, 0.5))), wkb) == 1
+    assert spatial_predicate("s_disjoint", bytes(shapely.to_wkb(Point(5, 5))), wkb) == 1
+
+
+def test_errors_name_the_place_and_the_value(corpus: tuple[CatalogIndex, list[dict]]) -> None:
+    idx = corpus[0]
+    with pytest.raises(CatalogQueryError, match=r"at character 24 nests 5 parentheses deep; no geometry type nests more than 4$"):
+        idx.search(Query(filter="S_INTERSECTS(geometry, POLYGON(((((0 0, 1 0, 1 1, 0 0))))))"))
+    ok = "S_INTERSECTS(geometry, GEOMETRYCOLLECTION(MULTIPOLYGON(((0 0, 1 0, 1 1, 0 0))), POINT(1 1)))"
+    assert isinstance(idx.search(Query(filter=ok)), list)  # 4 deep: the deepest a geometry nests
+    with pytest.raises(CatalogQueryError, match=r"got 5\.0$"):
+        idx.search(Query(filter="T_AFTER(datetime, 5)"))
+    with pytest.raises(CatalogQueryError, match="needs a property on one side"):
+        idx.search(Query(filter="TIMESTAMP('2022-01-01T00:00:00Z') = TIMESTAMP('2022-01-01T00:00:00Z')"))
+    deep: dict = {"x": 1}
+    for _ in range(100):
+        deep = {"x": deep}  # objects inside objects, no list between them
+    with pytest.raises(CatalogQueryError, match="nested deeper"):
+        parse_cql2({"op": "=", "args": [{"property": "a"}, deep]})
