@@ -8,15 +8,40 @@ SAMPLES ?= samples
 
 .PHONY: demo samples test lint bench mutate clean
 
+# Every package comes from requirements/lock.txt (exact versions, sha256 hashes); the build tools first, from
+# requirements/build.txt (the same versions), so that the few source packages and cubelake itself build with
+# locked tools. A fresh machine installs exactly what the last green CI ran. `make lock` refreshes both.
+LOCK         := requirements/lock.txt
+BUILD_LOCK   := requirements/build.txt
+UV_VERSION   := 0.13.10
+TORCH_WHEELS ?= /opt/wheels
+PIP_INSTALL  := $(BIN)/python -m pip install --quiet --require-hashes --no-deps --no-build-isolation
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 
-# torch==2.13.0 first: it is a local CPU wheel here; a looser pin would pull a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[torch,test,bench]'
+$(VENV)/.installed: $(LOCK) $(BUILD_LOCK) pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -r $(BUILD_LOCK)
+	$(PIP_INSTALL) -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
 	touch $@
+
+# Resolve every dependency anew (pyproject's ranges, the extras torch, test and bench, the build tools) within
+# requirements/constraints.txt; then run `make test`, and commit the lock with the code it passed with.
+UV_COMPILE := $(BIN)/uv pip compile --generate-hashes --python-version 3.11 --custom-compile-command 'make lock' --quiet
+
+.PHONY: lock
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
+	$(UV_COMPILE) pyproject.toml requirements/build.in --extra torch --extra test --extra bench \
+	  --constraint requirements/constraints.txt --find-links $(TORCH_WHEELS) --upgrade -o $(LOCK)
+	$(UV_COMPILE) requirements/build.in --constraint $(LOCK) -o $(BUILD_LOCK)
+
+# the versions the tests run with (CI prints them first, so a break after a release shows at once)
+.PHONY: versions
+versions: $(VENV)/.installed
+	@$(BIN)/python .ci/versions.py
 
 demo: $(VENV)/.installed
 	@echo "== cubelake demo: the job manifests/demo.yaml ingests the real scenes of $(DATA) into ./$(LAKE)"
@@ -34,11 +59,11 @@ demo: $(VENV)/.installed
 samples: $(VENV)/.installed
 	@$(BIN)/python -m tests.ingest.make_samples $(abspath $(SAMPLES))
 
-test: lint
+test: versions lint
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check cubelake ingest catalog loaders tests bench mutation
+	$(BIN)/ruff check cubelake ingest catalog loaders tests bench mutation .ci
 	$(BIN)/mypy cubelake ingest catalog loaders
 
 bench: $(VENV)/.installed

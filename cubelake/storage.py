@@ -301,12 +301,29 @@ _HINTS = (
       "401 unauthorized"),
      "the credentials were rejected; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) "
      "or pass storage_options"),
-    (("accessdenied", "403 forbidden", "permission denied"),
-     "permission denied; grant these credentials access to this bucket and prefix (s3:GetObject, s3:PutObject, "
-     "s3:ListBucket, s3:DeleteObject)"),
+    (("accessdenied", "403 forbidden", "permission denied"), "permission denied"),
     (("error sending request", "connection refused", "dns error", "timed out", "tcp connect", "operation timed out"),
      _UNREACHABLE),
 )
+
+
+#: the IAM action AWS checks for each operation (the S3 API reference's "Permissions" of each request: HEAD and
+#: ranged GETs of an object need s3:GetObject, ListObjectsV2 needs s3:ListBucket on the bucket); other S3 stores
+#: (MinIO, Ceph, R2) use the same names
+_S3_ACTIONS = {"read": "s3:GetObject", "stat": "s3:GetObject", "read ranges of": "s3:GetObject",
+               "download": "s3:GetObject", "open": "s3:GetObject", "list": "s3:ListBucket on the bucket",
+               "write": "s3:PutObject", "delete": "s3:DeleteObject", "copy": "s3:GetObject and s3:PutObject"}
+
+
+def _permission_hint(url: str, what: str) -> str:
+    """What to grant after a refused ``what``: the one IAM action it needs, and what readers and writers need."""
+    if "://" not in url:
+        return "permission denied; check the owner and mode of this path"
+    if not url.startswith("s3://"):
+        return "permission denied; grant these credentials access to this bucket and prefix"
+    action = _S3_ACTIONS.get(what, "s3:GetObject, s3:PutObject, s3:ListBucket and s3:DeleteObject")
+    return (f"permission denied; this needs {action} (a lake's readers need s3:GetObject and s3:ListBucket, "
+            "its writers also s3:PutObject and s3:DeleteObject)")
 
 
 def error_line(exc: BaseException) -> str:
@@ -340,11 +357,12 @@ def translate(exc: BaseException, url: str, what: str) -> CubelakeError:
         return CommitConflict(f"{url}: changed since it was read ({what} with If-Match lost to another writer)")
     for needles, hint in _HINTS:
         if any(n in text for n in needles):
+            hint = _permission_hint(url, what) if hint == "permission denied" else hint
             return StorageError(f"{url}: cannot {what}: {hint}", transient=hint is _UNREACHABLE)
     if isinstance(exc, FileNotFoundError) or type(exc).__name__ == "NotFoundError":
         return ObjectNotFound(f"{url}: no such object")
     if isinstance(exc, PermissionError) or type(exc).__name__ == "PermissionDeniedError":
-        return StorageError(f"{url}: cannot {what}: permission denied")
+        return StorageError(f"{url}: cannot {what}: {_permission_hint(url, what)}")
     if isinstance(exc, NotImplementedError):
         return StorageError(f"{url}: cannot {what}: this store does not support it ({error_line(exc)})")
     return StorageError(f"{url}: cannot {what}: {error_line(exc)}", transient=is_transient(exc))

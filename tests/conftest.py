@@ -19,6 +19,8 @@ import rasterio
 from rasterio.transform import from_origin
 
 from cubelake.lake import Lake
+from tests import s3auth
+from tests.s3auth import AuthS3
 
 # A suite started in the background of a non-interactive shell (`cmd &` in a script) inherits
 # SIGINT ignored, as POSIX has it, and so would every process it starts: Ctrl-C could not reach
@@ -137,7 +139,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that starts the S3-protocol server, through any fixture, is marked ``s3``: ``-m "not s3"``
     leaves out exactly the tests that need it (a hand-kept marker was missing on loader and lake tests)."""
     for item in items:
-        if "s3_server" in getattr(item, "fixturenames", ()):
+        if {"s3_server", "auth_s3"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.s3)
 
 
@@ -164,56 +166,7 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class AuthS3:
-    """A moto server that checks credentials and IAM policies (``INITIAL_NO_AUTH_ACTION_COUNT``)."""
-
-    endpoint: str
-    bucket: str
-    keys: dict[str, tuple[str, str]]  # user -> (access key id, secret); "admin": s3:*, "reader": get/list only
-
-    def options(self, user: str) -> dict[str, str]:
-        key, secret = self.keys[user]
-        return {"endpoint_url": self.endpoint, "key": key, "secret": secret, "region": "us-east-1"}
-
-
 @pytest.fixture(scope="session")
-def auth_s3() -> Iterator[AuthS3]:
-    """moto in its own process with authentication on: the first 6 IAM calls (made here) need none."""
-    import json
-    import socket
-    import time
-
-    import boto3
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "6"}
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
-                           region_name="us-east-1")
-        keys = {}
-        for user, actions in (("admin", ["s3:*"]), ("reader", ["s3:GetObject", "s3:ListBucket"])):
-            iam.create_user(UserName=user)
-            k = iam.create_access_key(UserName=user)["AccessKey"]
-            keys[user] = (k["AccessKeyId"], k["SecretAccessKey"])
-            doc = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
-            iam.put_user_policy(UserName=user, PolicyName="p", PolicyDocument=json.dumps(doc))
-        admin = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=keys["admin"][0],
-                             aws_secret_access_key=keys["admin"][1], region_name="us-east-1")
-        admin.create_bucket(Bucket="authed")
-        yield AuthS3(endpoint, "authed", keys)
-    finally:
-        server.terminate()
-        server.wait(10)
+def auth_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthS3]:
+    """moto in its own process with authentication on: users with the policies AWS needs (tests/s3auth.py)."""
+    yield from s3auth.serve(tmp_path_factory.mktemp("auth-s3"))

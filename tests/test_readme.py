@@ -27,6 +27,7 @@ import pystac
 import pytest
 
 from cubelake.ingest import load_profile
+from tests import s3auth
 from tests.conftest import REAL, ROOT
 
 README = ROOT / "README.md"
@@ -318,13 +319,16 @@ def test_readme_block_runs_as_written(block: Block, repo: Path, request: pytest.
         manifest_block(block, repo)
     elif block.lang == "yaml":
         load_profile_block(block, repo.parent)
+    elif block.lang == "json" and block.section == "Lakes on object storage (S3)":
+        # the writer's policy: the actions the permission tests grant, each on its level of resource
+        assert json.loads(block.text) == s3auth.lake_policy("my-bucket", "lake", s3auth.WRITER_ACTIONS)
     else:
         pytest.fail(f"README block at line {block.line} has a language ({block.lang!r}) this test cannot run")
 
 
 def test_every_kind_of_block_is_covered() -> None:
     langs = {b.lang for b in BLOCKS}
-    assert langs <= {"", "sh", "python", "yaml"}
+    assert langs <= {"", "sh", "python", "yaml", "json"}
     assert sum(b.lang == "python" for b in BLOCKS) >= 6
     assert any(b.text.startswith("$ ") for b in BLOCKS)
 

@@ -20,6 +20,7 @@ from cubelake.storage import (
     Store,
     is_url,
     open_store,
+    translate,
 )
 
 from .conftest import AuthS3, S3Server
@@ -205,9 +206,31 @@ def test_rejected_credentials_and_denied_permission(auth_s3: AuthS3) -> None:
     admin.put("obj", b"data")
     reader = open_store(f"s3://{auth_s3.bucket}/p", auth_s3.options("reader"))
     assert reader.get("obj") == b"data"
-    with pytest.raises(StorageError, match=r"/p/new: cannot write: permission denied; grant these credentials"):
+    with pytest.raises(StorageError, match=r"/p/new: cannot write: permission denied; this needs s3:PutObject \("):
         reader.put("new", b"x")
+    with pytest.raises(StorageError, match=r"/p/obj: cannot delete: permission denied; this needs s3:DeleteObject"):
+        reader.delete("obj")
+    getter = open_store(f"s3://{auth_s3.bucket}/p", auth_s3.options("getter"))  # s3:GetObject only
+    assert getter.head("obj").size == 4
+    with pytest.raises(StorageError, match=r"/p: cannot list: permission denied; this needs s3:ListBucket on the"):
+        list(getter.list())
     bad = open_store(f"s3://{auth_s3.bucket}/p", {**auth_s3.options("admin"), "secret": "wrong"})
     with pytest.raises(StorageError, match="credentials were rejected; set AWS_ACCESS_KEY_ID"):
         bad.get("obj")
     assert not admin.exists("new")
+
+
+@pytest.mark.parametrize(("url", "what", "hint"), [
+    ("/data/lake/x.tif", "read", "permission denied; check the owner and mode of this path"),
+    ("s3://b/lake/x.tif", "stat", "permission denied; this needs s3:GetObject (a lake's readers need"),
+    ("s3://b/lake/x.tif", "read ranges of", "permission denied; this needs s3:GetObject ("),
+    ("s3://b/lake", "list", "permission denied; this needs s3:ListBucket on the bucket ("),
+    ("s3://b/lake/x.tif", "write", "permission denied; this needs s3:PutObject ("),
+    ("s3://b/lake/x.tif", "delete", "permission denied; this needs s3:DeleteObject ("),
+    ("gs://b/lake/x.tif", "read", "permission denied; grant these credentials access to this bucket and prefix"),
+])
+def test_a_refusal_says_what_to_grant(url: str, what: str, hint: str) -> None:
+    for exc in (PermissionError(13, "Permission denied"), RuntimeError("status: 403 Forbidden, AccessDenied")):
+        err = translate(exc, url, what)
+        assert isinstance(err, StorageError)
+        assert str(err).startswith(f"{url}: cannot {what}: {hint}"), str(err)
