@@ -15,7 +15,8 @@ LOCK         := requirements/lock.txt
 BUILD_LOCK   := requirements/build.txt
 UV_VERSION   := 0.13.10
 TORCH_WHEELS ?= /opt/wheels
-PIP_INSTALL  := $(BIN)/python -m pip install --quiet --require-hashes --no-deps --no-build-isolation
+# -qq: errors only (this machine's pip configuration warns about every package its local mirror lacks)
+PIP_INSTALL  := $(BIN)/python -m pip install -qq --require-hashes --no-deps --no-build-isolation
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,20 +24,25 @@ $(BIN)/python:
 $(VENV)/.installed: $(LOCK) $(BUILD_LOCK) pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -r $(BUILD_LOCK)
 	$(PIP_INSTALL) -r $(LOCK)
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(BIN)/python -m pip check
+	$(BIN)/python -m pip install -qq --no-deps --no-build-isolation -e .
+	@$(BIN)/python -m pip check || { echo "a requirement of pyproject.toml is not in $(LOCK): run make lock"; exit 1; }
 	touch $@
 
-# Resolve every dependency anew (pyproject's ranges, the extras torch, test and bench, the build tools) within
-# requirements/constraints.txt; then run `make test`, and commit the lock with the code it passed with.
+# `make lock` follows pyproject.toml (a new requirement or range is resolved, every other pin kept);
+# `make lock-upgrade` resolves everything anew, to the newest releases the ranges and
+# requirements/constraints.txt allow. Then `make test`, and commit the lock with what it passed with.
+# TORCH_WHEELS: where the CPU torch wheel is (a folder, or https://download.pytorch.org/whl/cpu/torch/).
 UV_COMPILE := $(BIN)/uv pip compile --generate-hashes --python-version 3.11 --custom-compile-command 'make lock' --quiet
 
-.PHONY: lock
+.PHONY: lock lock-upgrade
 lock: | $(BIN)/python
-	$(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
+	$(BIN)/python -m pip install -qq 'uv==$(UV_VERSION)'
 	$(UV_COMPILE) pyproject.toml requirements/build.in --extra torch --extra test --extra bench \
-	  --constraint requirements/constraints.txt --find-links $(TORCH_WHEELS) --upgrade -o $(LOCK)
+	  --constraint requirements/constraints.txt --find-links $(TORCH_WHEELS) $(UV_UPGRADE) -o $(LOCK)
 	$(UV_COMPILE) requirements/build.in --constraint $(LOCK) -o $(BUILD_LOCK)
+
+lock-upgrade: UV_UPGRADE := --upgrade
+lock-upgrade: lock
 
 # the versions the tests run with (CI prints them first, so a break after a release shows at once)
 .PHONY: versions

@@ -12,6 +12,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -46,6 +47,18 @@ def actions(runs: list[Run]) -> set[str]:
     return {IAM_ACTION[op] for op in ops}
 
 
+def list_prefixes(runs: list[Run]) -> set[str]:
+    """The ``prefix`` of every listing ``runs`` made."""
+    return {parse_qs(urlsplit(r.target).query).get("prefix", [""])[0]
+            for run in runs for r in run.requests if r.operation.startswith("ListObjects")}
+
+
+def under_lake(url: str, prefixes: set[str]) -> bool:
+    """Whether every listing stayed under the lake's prefix (what an ``s3:prefix`` condition would allow)."""
+    lake = url.split("/", 3)[3]
+    return all(p.startswith(f"{lake}/") for p in prefixes)
+
+
 def _ok(run: Run) -> Run:
     assert run.result.returncode == 0, run.result.stdout + run.result.stderr
     return run
@@ -73,6 +86,8 @@ def test_a_writer_needs_get_list_put_and_delete(auth_s3: AuthS3, authed_lake: Au
     assert "1 ingested" in runs[1].result.stdout, runs[1].result.stdout
     assert f"removed unreferenced version {SCENE_ID}/" in runs[2].result.stdout, runs[2].result.stdout
     assert actions(runs) == set(WRITER_ACTIONS)
+    assert list_prefixes(runs)
+    assert under_lake(url, list_prefixes(runs)), list_prefixes(runs)
 
 
 def test_a_reader_needs_only_get_and_list(auth_s3: AuthS3, authed_lake: AuthedLake, tmp_path: Path) -> None:
@@ -88,6 +103,7 @@ def test_a_reader_needs_only_get_and_list(auth_s3: AuthS3, authed_lake: AuthedLa
     assert (tmp_path / "offline" / "scenes" / SCENE_ID).is_dir()
     assert "samples/s" in runs["plan"].result.stdout, runs["plan"].result.stdout
     assert actions(list(runs.values())) == set(READER_ACTIONS)
+    assert under_lake(url, list_prefixes(list(runs.values()))), list_prefixes(list(runs.values()))
 
 
 def test_refusals_name_the_credentials_or_the_action_to_grant(auth_s3: AuthS3, authed_lake: AuthedLake,
