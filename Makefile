@@ -63,7 +63,7 @@ demo: $(VENV)/.installed
 
 # small EMIT, PRISMA, EnMAP, DESIS and CF-NetCDF products built to each format's specification
 samples: $(VENV)/.installed
-	@$(BIN)/python -m tests.ingest.make_samples $(abspath $(SAMPLES))
+	@$(BIN)/python -m cubelake.testing.samples $(abspath $(SAMPLES))
 
 test: versions lint
 	$(BIN)/python -m pytest -q

@@ -8,7 +8,7 @@ swath and builds the whole orthorectified cube in memory. cubelake's reader
 then only the swath slab those GLT entries reach (at most ``SLAB_BUDGET_BYTES``).
 
 The granule is written here (no real granule can be downloaded on this machine) in the layout of
-``tests/ingest/emit_fixtures.py`` (the EMIT product format), at real size, slab by slab. Storage
+``cubelake/testing/emit.py`` (the EMIT product format), at real size, slab by slab. Storage
 of ``reflectance``: as JPL's SDS writes it (``emit_utils.daac_converter.add_variable`` passes only
 dimensions and a fill value, so netCDF-C stores it contiguous and uncompressed), unless
 ``--chunk-rows`` / ``--zlib`` ask for a chunked, deflated variable. Pixel values: three smooth
@@ -20,7 +20,7 @@ Methods, each in its own fresh (spawned) process, on the same granule:
   ingest   cubelake.ingest.ingest([granule], lake, products cog,zarr, 2 workers): the whole ingest
            (validation, statistics, BLAKE3 hash of the source, COG + Zarr, catalog)
   naive    xarray.open_dataset(engine="h5netcdf") -> .values of ``reflectance`` (the whole swath)
-           -> apply_glt on whole arrays (the LP DAAC recipe, from tests/ingest/emit_fixtures.py)
+           -> apply_glt on whole arrays (the LP DAAC recipe, from cubelake/testing/emit.py)
   reader   open_source(granule).read(window) for every 256 x 256 window of the map grid (no writing;
            the time is the open and the reads, not the checksums taken between them)
   ceiling  h5py: read every byte of the swath once, slab by slab (<= 64 MiB) into one buffer
@@ -57,9 +57,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # the sibling helper modules
-sys.path.insert(0, str(ROOT))  # tests.ingest.emit_fixtures (tests is a package)
 from common import busy_cpu_seconds, can_drop_caches, drop_caches, isolated  # noqa: E402
 
 FULL = (1280, 1242, 285)  # an EMIT L2A RFL swath: downtrack, crosstrack, bands
@@ -125,7 +123,7 @@ def write_granule(path: Path, spec: GranuleSpec, seed: int = 0, slab_rows: int =
     """Write an EMIT L2A RFL granule of ``spec`` with netCDF4, ``reflectance`` slab by slab (memory: one slab)."""
     import netCDF4
 
-    from tests.ingest.emit_fixtures import (
+    from cubelake.testing.emit import (
         RES_DEG,
         _band_group,
         _globals,
@@ -280,7 +278,7 @@ def child_naive(path: str) -> dict[str, Any]:
     _reset_peak()
     import xarray as xr
 
-    from tests.ingest.emit_fixtures import apply_glt
+    from cubelake.testing.emit import apply_glt
 
     base, cpu0 = _rss_mib(), _usage()["cpu_s"]
     t0 = time.perf_counter()

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "catalog"))
 
 from catalog_synth import BenchQuery, make_queries, synthetic_items
 
@@ -39,9 +38,9 @@ CLI = str(Path(sys.executable).with_name("cubelake"))
 
 def build_lake(root: Path, n: int, seed: int) -> float:
     """Write ``n`` items (files and index) into a new lake at ``root``; returns the seconds taken."""
-    from api_server import synthetic_lake  # the tests' writer of synthetic lakes
 
     from cubelake.catalog.index import CatalogIndex
+    from cubelake.testing.lakes import synthetic_lake
 
     t0 = time.perf_counter()
     synthetic_lake(root, synthetic_items(n, seed))
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from api_server import api_server  # the tests' server runner: the CLI command on a free port
+    from cubelake.testing.lakes import api_server
 
     lake = args.dir / f"lake-{args.items}-{args.seed}"
     out: dict[str, Any] = {"items": args.items, "queries": args.queries, "hits": args.hits}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,21 @@ def test_no_source_file_of_the_core_refs_or_loaders_imports_the_ingest(folder: s
             continue  # the command line and the job runner (which schedules ingests) sit above everything
         bad += [f"{rel}:{line} ({func})" for func, line in _ingest_imports(path) if (rel, func) not in _ALLOWED]
     assert bad == []
+
+
+def test_nothing_outside_the_tests_imports_from_them() -> None:
+    """Test data lives in ``cubelake.testing``: the library, the benchmarks, the mutation runner and make reach
+    into ``tests/`` neither by import, nor through ``sys.path``, nor with ``python -m tests...``."""
+    found = []
+    for folder in ("cubelake", "ingest", "catalog", "loaders", "bench", "mutation", ".ci"):
+        for f in (ROOT / folder).rglob("*.py"):
+            text = f.read_text()
+            for node in ast.walk(ast.parse(text)):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                found += [f"{f.relative_to(ROOT)}: import {n}" for n in names if n.split(".")[0] == "tests"]
+            if "sys.path" in text and '"tests"' in text:
+                found.append(f"{f.relative_to(ROOT)}: puts tests/ on sys.path")
+    makefile = (ROOT / "Makefile").read_text()
+    found += ["Makefile: python -m tests..." for _ in re.findall(r"-m tests\.", makefile)]
+    assert found == []

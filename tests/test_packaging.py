@@ -27,13 +27,19 @@ def _requirement_names(reqs: list[str]) -> set[str]:
     return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
 
 
-def _imported_distributions() -> list[set[str]]:
+TESTING = ROOT / "cubelake" / "testing"  # test data (cubelake.testing): may import the test extra
+
+
+def _imported_distributions(testing: bool = False) -> list[set[str]]:
     """For each third-party module the package imports anywhere (module level or lazily), the
-    distributions that provide it (a namespace such as ``pystac`` may come from several)."""
+    distributions that provide it (a namespace such as ``pystac`` may come from several); of
+    ``cubelake.testing`` alone with ``testing``, else of everything but it."""
     dists = md.packages_distributions()
     out: dict[str, set[str]] = {}
     for d in PACKAGE_DIRS:
         for f in (ROOT / d).rglob("*.py"):
+            if f.is_relative_to(TESTING) != testing:
+                continue
             for node in ast.walk(ast.parse(f.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
@@ -56,6 +62,13 @@ def test_every_import_is_declared_and_every_dependency_is_used() -> None:
     used = set().union(*imported)
     assert declared - used - IMPLICIT == set(), "declared but never imported"
     assert extras == {"torch"}
+
+
+def test_the_testing_package_imports_only_the_core_and_the_test_extra() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _requirement_names(meta["dependencies"]) | _requirement_names(meta["optional-dependencies"]["test"])
+    undeclared = [sorted(p) for p in _imported_distributions(testing=True) if not p & declared]
+    assert undeclared == [], "imported by cubelake.testing but declared neither by the core nor the test extra"
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:

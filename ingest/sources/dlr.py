@@ -8,7 +8,7 @@ does not: per-band wavelength, FWHM and gain/offset (``value = gain × DN + offs
 acquisition time and the processing level. Pixels, grid, CRS and nodata come from the image (GDAL).
 
 Element paths (checked against DLR's own EnMAP qualification products and public readers; the fixture
-module ``tests/ingest/dlr_fixtures.py`` says which, and what is assumed):
+module ``cubelake/testing/dlr.py`` says which, and what is assumed):
 
 * EnMAP, root ``level_X``: ``specific/bandCharacterisation/bandID[@number]`` with
   ``wavelengthCenterOfBand``, ``FWHMOfBand``, ``GainOfBand``, ``OffsetOfBand``; level in ``specific/code``

@@ -14,8 +14,9 @@ import pytest
 from pystac_client import Client
 from shapely.geometry import box
 
+from cubelake.testing.lakes import api_server, synthetic_lake
+
 from ..conftest import run_cli
-from .api_server import api_server, synthetic_lake
 from .conftest import Synth
 
 POTSDAM = (12.9, 52.3, 13.2, 52.5)

@@ -14,7 +14,7 @@ import rasterio
 import xarray as xr
 from pystac_client import Client
 
-from .api_server import api_server
+from cubelake.testing.lakes import api_server
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .api_server import api_server
+from cubelake.testing.lakes import api_server
+
 from .conftest import RealLake
 
 VIEWPORT = {"width": 1280, "height": 800}

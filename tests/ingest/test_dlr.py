@@ -30,7 +30,7 @@ from cubelake.ingest.sources.dlr import (
     parse_dlr_xml,
     read_dlr_metadata,
 )
-from tests.ingest.dlr_fixtures import (
+from cubelake.testing.dlr import (
     BAD_GAIN_BAND,
     BAD_WL_BAND,
     EPSG,

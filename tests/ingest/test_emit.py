@@ -15,9 +15,9 @@ from cubelake.grid import Window
 from cubelake.ingest import load_profile, match_profile
 from cubelake.ingest.sources import SceneKind, discover, open_source
 from cubelake.ingest.sources.emit import read_ortho
+from cubelake.testing.emit import apply_glt, write_emit
 
 from ..conftest import S3Server, no_traceback, run_cli
-from .emit_fixtures import apply_glt, write_emit
 
 NAME = "EMIT_L2A_RFL_001_20230217T064052_2304804_005.nc"
 

@@ -13,9 +13,9 @@ import rasterio
 from cubelake.errors import NoCubeError, SceneReadError
 from cubelake.grid import Window
 from cubelake.ingest.sources import SourceOptions, discover, open_source
+from cubelake.testing.netcdf import WL_UM, write_cf_cube
 
 from ..conftest import no_traceback, run_cli
-from .netcdf_fixtures import WL_UM, write_cf_cube
 
 
 def _open(path: Path, **options: str):  # type: ignore[no-untyped-def]

@@ -13,8 +13,7 @@ from cubelake.grid import Window
 from cubelake.ingest import load_profile, match_profile
 from cubelake.ingest.plan import build_plan
 from cubelake.ingest.sources import discover, open_source
-
-from .prisma_fixtures import N_SWIR_ZERO, N_VNIR_ZERO, calibrated, write_prisma
+from cubelake.testing.prisma import N_SWIR_ZERO, N_VNIR_ZERO, calibrated, write_prisma
 
 NAME = "PRS_L2D_STD_20200613102341_20200613102345_0001.he5"
 

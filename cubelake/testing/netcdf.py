@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pyproj import CRS
 
+NetCDFFormat = Literal["NETCDF4", "NETCDF4_CLASSIC", "NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA"]
 WL_UM = np.round(np.linspace(0.45, 2.4, 10), 4)
 
 
-def write_cf_cube(path: Path, fmt: str = "NETCDF4") -> np.ndarray:
+def write_cf_cube(path: Path, fmt: NetCDFFormat = "NETCDF4") -> np.ndarray:
     """A CF-1.8 research cube: (time=1, wavelength, y, x) int16 with scale/offset, UTM grid mapping, wavelengths in
     um. Returns the stored DN as (band, y, x)."""
     import netCDF4

@@ -1,8 +1,8 @@
 """``make samples``: one small product of each delivery format cubelake reads, for trying the readers.
 
 Real EMIT, PRISMA, EnMAP and DESIS products need an account and weigh gigabytes; these follow each
-product's published layout (see the fixture modules beside this file for the specifications and
-versions) with few bands and pixels. Usage: ``python -m tests.ingest.make_samples FOLDER``.
+product's published layout (see the modules beside this one for the specifications and
+versions) with few bands and pixels. Usage: ``python -m cubelake.testing.samples FOLDER``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .dlr_fixtures import write_desis_delivery, write_enmap_delivery
-from .emit_fixtures import write_emit
-from .netcdf_fixtures import write_cf_cube
-from .prisma_fixtures import write_prisma
+from .dlr import write_desis_delivery, write_enmap_delivery
+from .emit import write_emit
+from .netcdf import write_cf_cube
+from .prisma import write_prisma
 
 
 def write_samples(out: Path) -> list[Path]:
@@ -30,7 +30,7 @@ def write_samples(out: Path) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.ingest.make_samples FOLDER", file=sys.stderr)
+        print("usage: python -m cubelake.testing.samples FOLDER", file=sys.stderr)
         return 2
     for path in write_samples(Path(argv[0])):
         print(path)
