@@ -6,7 +6,7 @@ DATA   ?= $(firstword $(wildcard ../shared/data/real /work/shared/data/real) ../
 LAKE   ?= lake
 SAMPLES ?= samples
 
-.PHONY: demo samples test lint bench mutate clean
+.PHONY: demo samples test check affected record-count lint bench mutate clean
 
 # Every package comes from requirements/lock.txt (exact versions, sha256 hashes); the build tools first, from
 # requirements/build.txt (the same versions), so that the few source packages and cubelake itself build with
@@ -65,8 +65,27 @@ demo: $(VENV)/.installed
 samples: $(VENV)/.installed
 	@$(BIN)/python -m cubelake.testing.samples $(abspath $(SAMPLES))
 
+# make test: the whole suite, on every core (xdist; a test file stays on one worker, so its module fixtures are
+# built once), then the few tests that time a link or a race alone; the 25 slowest are printed, and the run fails
+# if fewer tests are collected than tests/COLLECTED records. Every test has a timeout (pyproject: 120 s).
+PYTEST := $(BIN)/python -m pytest
 test: versions lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST) -q -n auto --dist loadfile -m "not serial" --durations=25 --check-count
+	$(PYTEST) -q -m serial
+
+# the inner loop: lint, types, and the tests that start no process and no server, in a few minutes
+check: lint
+	$(PYTEST) -q -n auto --dist loadfile -m "not integration and not slow and not serial"
+
+# only the tests the uncommitted change reaches (pytest-testmon; the first run records what each test runs)
+affected: $(VENV)/.installed
+	$(PYTEST) -q --testmon -m "not serial"
+
+# after merging or removing tests on purpose: record the new count, and why
+record-count: $(VENV)/.installed
+	@test -n "$(REASON)" || { echo "say which tests and why: make record-count REASON='...'"; exit 2; }
+	@n=$$($(PYTEST) --collect-only -q -p no:cacheprovider | tail -1 | grep -oE '^[0-9]+') && \
+	  echo "$$n $$(date -u +%F) $(REASON)" >> tests/COLLECTED && echo "tests/COLLECTED: $$n"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cubelake ingest catalog loaders tests bench mutation .ci

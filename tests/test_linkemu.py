@@ -198,6 +198,7 @@ def test_bad_upstreams_and_unstarted_use_are_refused() -> None:
         _ = emu.endpoint
 
 
+@pytest.mark.integration
 def test_a_port_in_use_is_named() -> None:
     with LinkEmulator("http://127.0.0.1:9") as first:
         taken = first.port
@@ -242,6 +243,7 @@ def _timed_get(conn: http.client.HTTPConnection, target: str, headers: dict[str,
     return t1 - t0, time.perf_counter() - t1, body, resp
 
 
+@pytest.mark.serial  # a time bound: run alone
 @pytest.mark.s3
 def test_time_to_first_byte_is_the_configured_one(s3_server: S3Server, s3_bucket: str,
                                                   obj: tuple[str, bytes]) -> None:
@@ -260,6 +262,7 @@ def test_time_to_first_byte_is_the_configured_one(s3_server: S3Server, s3_bucket
     assert emu.stats.requests == 15
 
 
+@pytest.mark.serial  # a time bound: run alone
 @pytest.mark.s3
 @pytest.mark.parametrize("preset", ["200mbps", "1gbps"])
 def test_bandwidth_is_the_cap(s3_server: S3Server, s3_bucket: str, obj: tuple[str, bytes], preset: str) -> None:
@@ -274,6 +277,7 @@ def test_bandwidth_is_the_cap(s3_server: S3Server, s3_bucket: str, obj: tuple[st
     assert secs == pytest.approx(want, rel=0.15), f"{size * 8 / secs / 1e6:.0f} Mbit/s through {preset}"
 
 
+@pytest.mark.serial  # a time bound: run alone
 @pytest.mark.s3
 def test_concurrent_downloads_share_the_cap(s3_server: S3Server, s3_bucket: str, obj: tuple[str, bytes]) -> None:
     key, data = obj
@@ -348,6 +352,7 @@ def test_truncated_body_is_shorter_than_promised(s3_server: S3Server, s3_bucket:
     assert emu.stats.faults["truncate"] == 1
 
 
+@pytest.mark.serial  # a time bound: run alone
 @pytest.mark.s3
 def test_stalled_body_outlasts_a_client_timeout_and_close_ends_it(s3_server: S3Server, s3_bucket: str,
                                                                   obj: tuple[str, bytes]) -> None:
@@ -523,6 +528,7 @@ def test_a_truncated_chunked_body_is_incomplete(framings: str) -> None:
             resp.read()
 
 
+@pytest.mark.integration
 def test_an_unreachable_upstream_is_a_502() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -542,6 +548,7 @@ def test_an_unreachable_upstream_is_a_502() -> None:
     (b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 1, 2\r\n\r\n", b"400"),
     (b"PUT / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", b"501"),
 ])
+@pytest.mark.integration
 def test_malformed_requests_are_refused_with_h11s_status(raw: bytes, status: bytes) -> None:
     with LinkEmulator("http://127.0.0.1:9") as emu, socket.create_connection(("127.0.0.1", emu.port), timeout=10) as s:
         s.sendall(raw)

@@ -292,6 +292,7 @@ def _open_zarr(lake: ObjectLake, sid: str, rec: SceneRecord, server: S3Server) -
     return zarr.open_group(store.zarr_store(), mode="r")["data"][:]
 
 
+@pytest.mark.timeout(400)  # 20 ingests killed at random moments: ~100 s alone, up to twice that beside other tests
 def test_kill_9_at_20_random_moments_then_rerun(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
     url = f"s3://{s3_bucket}/killed"
     # CUBELAKE_INDEX_FOLD_BELOW=0: the index takes the path of a large lake (change sets over a base snapshot)

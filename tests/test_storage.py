@@ -26,7 +26,7 @@ from cubelake.storage import (
 from .conftest import AuthS3, S3Server
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
         return open_store(tmp_path / "root")

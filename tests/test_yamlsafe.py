@@ -21,6 +21,7 @@ def _bomb(levels: int = 9, key: str = "stac:\n  properties:\n    x: ") -> str:
     return "name: bomb\nanchors:\n" + "\n".join("  " + ln for ln in lines) + f"\n{key}*a{levels - 1}\n"
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_alias_bomb_below_the_top_level_is_refused_quickly(tmp_path: Path) -> None:
     p = tmp_path / "bomb.yaml"
     p.write_text(_bomb())

@@ -266,6 +266,7 @@ def test_load_profile_reads_a_time_rule(tmp_path: Path) -> None:
     assert acquisition_time(None, "x_2016134_y.tif", rule, INGESTED).start == "2016-05-13T00:00:00Z"
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_a_runaway_filename_pattern_is_stopped_not_hung(caplog) -> None:
     import logging
     import time

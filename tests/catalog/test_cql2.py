@@ -117,6 +117,7 @@ def test_cql2_and_the_simple_form_and_the_other_options_all_hold(corpus: tuple[C
     ("cubelake:covers_wavelength(900, 400)", "lo <= hi"),
     ("cubelake:covers_wavelength('a', 2)", "two numbers"),
 ])
+@pytest.mark.serial  # a time bound: run alone
 def test_hostile_and_unsupported_filters_are_refused_by_name(corpus: tuple[CatalogIndex, list[dict]], text: str,
                                                              words: str) -> None:
     t0 = time.perf_counter()

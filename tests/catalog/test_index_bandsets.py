@@ -232,6 +232,7 @@ def test_a_lake_with_a_schema_5_index_rebuilds_it_and_says_so(lake_copy: Path, r
         assert db.execute("SELECT count(*) FROM band_sets").fetchone()[0] >= 1
 
 
+@pytest.mark.integration
 def test_the_cli_on_a_schema_5_index_rebuilds_it_without_a_traceback(lake_copy: Path, real_ingest: RealLake) -> None:
     _write_v5(lake_copy / "catalog.sqlite", "stale-item")
     res = cubelake("catalog", "search", "--lake", str(lake_copy), "--format", "json")

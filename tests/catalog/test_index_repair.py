@@ -72,6 +72,7 @@ def test_an_empty_index_file_is_rebuilt_not_taken_for_an_empty_catalog(lake_copy
     assert (lake_copy / INDEX).stat().st_size > 0
 
 
+@pytest.mark.integration
 def test_cli_search_on_an_empty_index_says_so_and_finds_every_item(lake_copy: Path, real_ingest: RealLake) -> None:
     remove_index(lake_copy)
     (lake_copy / INDEX).write_bytes(b"")
@@ -100,6 +101,7 @@ def test_ingest_after_an_empty_index_indexes_every_scene_not_only_the_new_one(la
 
 
 # -- a damaged index -----------------------------------------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("first_page", [0, 2], ids=["header", "pages"])
 def test_cli_stats_on_a_damaged_index_rebuilds_it(lake_copy: Path, real_ingest: RealLake, first_page: int) -> None:
     with LakeCatalog(lake_copy) as cat:
@@ -124,6 +126,7 @@ def test_cli_stats_on_a_damaged_index_rebuilds_it(lake_copy: Path, real_ingest: 
     assert again.stderr == ""
 
 
+@pytest.mark.integration
 def test_a_damaged_index_is_rebuilt_for_search_show_and_export(lake_copy: Path, real_ingest: RealLake,
                                                                tmp_path: Path) -> None:
     for args in (("search", "--format", "summary"), ("export", "-o", str(tmp_path / "x.parquet"))):
@@ -155,6 +158,7 @@ def test_an_index_of_another_schema_version_is_rebuilt(lake_copy: Path, real_ing
 
 
 # -- something that is not a file in the index's place ------------------------------------------------
+@pytest.mark.integration
 @pytest.mark.parametrize("command", [["reindex"], ["search"], ["stats"], ["show", "x"]])
 def test_a_directory_named_like_the_index_is_reported_with_the_fix_and_kept(lake_copy: Path,
                                                                             command: list[str]) -> None:

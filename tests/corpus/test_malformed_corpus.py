@@ -51,6 +51,8 @@ def _report(case: Case, result: Result, root: Path, found: list[str]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.timeout(300)  # the first case of a command runs the whole batch (~45 s alone)
+@pytest.mark.integration
 @pytest.mark.parametrize(("case", "run_key"), _PARAMS)
 def test_malformed_input(case: Case, run_key: str, corpus_runs: Runner, corpus_root: Path) -> None:
     result = corpus_runs.get(run_key)
@@ -137,6 +139,7 @@ def _fingerprint(root: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.integration
 def test_corpus_generation_is_deterministic_and_small(corpus: Corpus, real: Path, tmp_path: Path) -> None:
     """Two generations give the same files (paths inside them aside), in a few tens of MiB."""
     first, second = tmp_path / "a", tmp_path / "b"

@@ -190,6 +190,7 @@ def flat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_model(Flat(), tmp_path_factory.mktemp("sweep") / "flat.pt", spec)
 
 
+@pytest.mark.integration
 def test_cpu_sweep_writes_a_consistent_json_and_a_png(cnn: Path, tmp_path: Path) -> None:
     settings = SweepSettings(batches=(8, 16, 32, 64), warmup=1, iters=3)
     report = run_sweep(cnn, settings)
@@ -227,6 +228,7 @@ def test_cpu_sweep_writes_a_consistent_json_and_a_png(cnn: Path, tmp_path: Path)
     assert mm["predicted_max_batch"] is None  # no cap on the CPU without --memory-cap
 
 
+@pytest.mark.integration
 def test_cpu_memory_cap_oom_search_in_fresh_processes(cnn: Path, tmp_path: Path) -> None:
     """A real cap (RLIMIT_DATA in each trial's fresh process): the search brackets the wall to 5 %; run again,
     the largest batch that fitted fits and 1.05 x it fails; the memory model predicts the wall roughly."""
@@ -275,6 +277,7 @@ def test_a_find_oom_on_cpu_needs_a_cap_and_a_failing_model_is_an_error(cnn: Path
         SweepSettings(dtype="fp8")  # type: ignore[arg-type]
 
 
+@pytest.mark.integration
 def test_a_fresh_trial_past_its_timeout_is_killed_with_its_server(cnn: Path) -> None:
     from cubelake.infer import InferError
     from cubelake.infer._fresh import _SERVERS
@@ -341,6 +344,7 @@ def test_cli_sweep_end_to_end(cnn: Path, tmp_path: Path) -> None:
     assert (out / "sweep.png").read_bytes().startswith(PNG)
 
 
+@pytest.mark.integration
 def test_cli_find_oom_under_a_cpu_cap(cnn: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

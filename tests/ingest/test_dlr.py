@@ -199,6 +199,7 @@ def test_is_dlr_metadata(tmp_path: Path) -> None:
     assert not is_dlr_metadata(Path("bad\x00name-METADATA.XML"))
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_is_dlr_metadata_reads_only_the_head(tmp_path: Path) -> None:
     big = tmp_path / "big-METADATA.XML"
     with open(big, "wb") as f:  # a sparse 2 GB file: reading it whole would take seconds
@@ -249,6 +250,7 @@ _EXPECTED: dict[str, tuple[str, ...]] = {
 }
 
 
+@pytest.mark.serial  # a time bound: run alone
 @pytest.mark.parametrize("mission", ["enmap", "desis"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_malformed_delivery_is_refused_naming_file_and_piece(tmp_path: Path, mission: str,

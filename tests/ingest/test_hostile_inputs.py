@@ -68,6 +68,7 @@ def test_mtl_band_paths_stay_in_the_mtl_folder(real: Path, tmp_path: Path, name:
     assert "root:" not in json.dumps(report.to_dict())  # /etc/passwd was never read
 
 
+@pytest.mark.integration
 def test_truncated_mtl_and_zero_sun_elevation_do_not_stop_the_batch(real: Path, tmp_path: Path) -> None:
     text = (real / L8 / f"{L8_ID}_MTL.txt").read_text()
     cut = tmp_path / "cut"
@@ -139,6 +140,7 @@ def test_mtl_json_nested_too_deep_is_rejected(tmp_path: Path) -> None:
 # -- paths that are not scene files ------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_fifo_is_rejected_without_being_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "x.tif"
     os.mkfifo(fifo)
@@ -158,6 +160,7 @@ def test_fifo_inside_a_folder_does_not_hang_the_walk(tmp_path: Path) -> None:
     assert "named pipe" in results[1].report.errors[0].message
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["empty_folder", "broken_link", "link_loop", "dev_zero"])
 def test_paths_that_hold_no_scene_are_rejected_by_name(tmp_path: Path, kind: str) -> None:
     p = tmp_path / "x.tif"
@@ -200,6 +203,7 @@ def test_a_lake_inside_the_input_folder_is_not_walked_into(tmp_path: Path) -> No
     assert "is a cubelake lake (or inside one), not an input" in named.report.errors[0].message
 
 
+@pytest.mark.integration
 def test_newline_and_non_utf8_names_are_escaped_not_printed_raw(tmp_path: Path) -> None:
     forged = tmp_path / "a\ningested  fake.tif"
     forged.write_bytes(b"not a tiff")
@@ -246,6 +250,7 @@ def test_a_real_seam_drop_is_reported(real: Path) -> None:
 # -- results as they finish ----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_each_outcome_is_printed_when_its_scene_finishes(tmp_path: Path) -> None:
     a = write_geotiff(tmp_path / "a.tif", hsi_cube(3, 16, 16, "uint16"))
     b = write_geotiff(tmp_path / "b.tif", hsi_cube(3, 16, 16, "uint16", seed=1))
@@ -257,6 +262,7 @@ def test_each_outcome_is_printed_when_its_scene_finishes(tmp_path: Path) -> None
     assert str(b) not in res.stdout
 
 
+@pytest.mark.integration
 def test_rejections_are_listed_once(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tif"
     bad.write_text("not a tiff")
@@ -265,6 +271,7 @@ def test_rejections_are_listed_once(tmp_path: Path) -> None:
     assert out.count("named .tif but the content is not a TIFF") == 1
 
 
+@pytest.mark.integration
 def test_numpy_warnings_do_not_leak(tmp_path: Path) -> None:
     data = hsi_cube(3, 16, 16, "float64")
     data[1] = np.nan  # an all-NaN band: statistics of nothing
@@ -327,6 +334,7 @@ def test_envi_data_file_larger_than_the_header_says_is_rejected(real: Path, tmp_
     assert err.where == str(tmp_path / "s" / "scene")
 
 
+@pytest.mark.integration
 def test_geotiff_band_tags_that_are_not_numbers_are_named(tmp_path: Path) -> None:
     src = write_geotiff(tmp_path / "tags.tif", hsi_cube(3, 16, 16, "uint16"),
                         band_tags=[{"wavelength": "500"}, {"wavelength": "six hundred"}, {"wavelength": "700"}])
@@ -359,6 +367,7 @@ def test_tiff_block_table_pointing_at_the_header_or_one_place_is_rejected(real: 
     assert not any((tmp_path / "lake" / "scenes").iterdir())
 
 
+@pytest.mark.integration
 def test_truncated_matlab_v73_is_a_rejection_naming_the_file(real: Path, tmp_path: Path) -> None:
     whole = (real / "hsi_ground_truth/v73_hdf5/KSC_gt.mat").read_bytes()
     cut = tmp_path / "cut.mat"
@@ -407,6 +416,7 @@ def test_disk_full_names_the_device_and_the_space_and_leaves_nothing_half_writte
     assert staged == []  # no build left in .staging, nothing in scenes/
 
 
+@pytest.mark.integration
 def test_third_party_log_lines_stay_out_of_the_output(real: Path, tmp_path: Path) -> None:
     fuzz = real / "bad_inputs/image_tiff_fuzz"
     res = cli("ingest", "--lake", str(tmp_path / "lake"), "--products", "cog,zarr,refs", str(fuzz))

@@ -36,7 +36,8 @@ from .conftest import (
     write_scene,
 )
 
-pytestmark = pytest.mark.slow
+# Dask clusters, killed clients and workers: ~35 s a test at most alone, up to twice that beside other tests
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REAL_DIRS = ("hsi_enmap_potsdam", "hsi_aviris_ng_isofit", "hsi_jasper_ridge", "hsi_samson", "landsat8_rio_toa",
              "bad_inputs")

@@ -17,7 +17,7 @@ from cubelake.object_lake import ObjectLake
 from tests.conftest import S3Server
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def any_lake(request: pytest.FixtureRequest, tmp_path: Path) -> AnyLake:
     if request.param == "local":
         return Lake(tmp_path / "lake")

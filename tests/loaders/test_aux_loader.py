@@ -39,6 +39,7 @@ def _window(a: np.ndarray, row: int, col: int, h: int, w: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("kind", "workers"), [("zarr", 0), ("cog", 0), ("refs", 2)])
 def test_aux_windows_equal_gdal_warp_of_the_layer(aux_lake: dict[str, Any], kind: str, workers: int) -> None:
     ds = CubeDataset([aux_lake["scene"]], sampling=Sampling(size=24, stride=20, edge="pad", labels="none"), spectral=RAW,

@@ -75,6 +75,7 @@ def _outside_bytes(batches: list[dict[str, Any]], cubes: dict[str, np.ndarray]) 
     return out
 
 
+@pytest.mark.integration
 def test_dataloader_workers_split_chunks_and_cover_the_epoch(synth_lake: dict[str, Any]) -> None:
     ds = CubeDataset(synth_lake["scenes"], sampling=Sampling(size=32, stride=32, labels="none"), spectral=RAW,
                      plan=PlanSpec(seed=1, batch_size=8))
@@ -104,6 +105,7 @@ def test_dataloader_workers_split_chunks_and_cover_the_epoch(synth_lake: dict[st
     assert m1.chunks_decoded == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch_neither_repeats_nor_skips(synth_lake: dict[str, Any], workers: int) -> None:
     def make() -> CubeDataset:

@@ -80,6 +80,7 @@ def test_a_primary_that_answers_after_the_duplicate_started_still_wins(pool: Thr
     assert (out.value, out.hedged, out.won) == ("primary", True, False)
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_a_failed_primary_waits_for_the_duplicate(pool: ThreadPoolExecutor) -> None:
     call, _ = _attempts((0.3, OSError("reset")), (0.4, "backup"))
     t0 = time.perf_counter()
@@ -169,6 +170,7 @@ def _stalled_read(src: ChunkSource, s3_server: S3Server, seed: int, stall_s: flo
     return took, m, stalls
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_hedging_cuts_the_stall_of_a_slow_request(small_cog: ChunkSource, s3_server: S3Server) -> None:
     """A quarter of the GETs stall halfway through their body: hedged, the scene arrives in well under the
     stall time, byte for byte as over a clean link; not hedged, it waits out every stall."""
@@ -195,6 +197,7 @@ def test_hedging_cuts_the_stall_of_a_slow_request(small_cog: ChunkSource, s3_ser
     assert took < plain_took / 2
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_hedging_is_off_by_default_and_a_quick_link_is_not_duplicated(small_cog: ChunkSource) -> None:
     _, m, _ = _read_all(small_cog, ReaderConfig(threads=2, group=1))
     assert m.hedges == m.hedge_wins == 0

@@ -151,6 +151,7 @@ def test_a_dataset_over_a_faulty_link_serves_the_clean_batches(s3_products: dict
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.serial  # a time bound: run alone
 def test_local_products_are_not_retried(tmp_path: Path) -> None:
     bad = tmp_path / "bad.zarr"
     bad.mkdir()

@@ -45,6 +45,7 @@ def _check(image: torch.Tensor, scenes: list[str], windows: torch.Tensor, cubes:
         np.testing.assert_array_equal(img.numpy(), expected_window(cubes[sid], r, c, h, w))
 
 
+@pytest.mark.integration
 def test_worker_batches_arrive_in_a_few_reused_buffers(synth_lake: dict[str, Any]) -> None:
     ds = _dataset(synth_lake)
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
@@ -60,6 +61,7 @@ def test_worker_batches_arrive_in_a_few_reused_buffers(synth_lake: dict[str, Any
     assert len(segments) <= 2 * SLOTS
 
 
+@pytest.mark.integration
 def test_a_view_kept_past_later_batches_keeps_its_pixels(synth_lake: dict[str, Any]) -> None:
     ds = _dataset(synth_lake)
     loader = DataLoader(ds, batch_size=None, num_workers=2)
@@ -73,6 +75,7 @@ def test_a_view_kept_past_later_batches_keeps_its_pixels(synth_lake: dict[str, A
         _check(view, scenes, win, cubes)
 
 
+@pytest.mark.integration
 def test_a_collate_fn_that_rebuilds_the_batch_still_gets_correct_batches(synth_lake: dict[str, Any]) -> None:
     ds = _dataset(synth_lake)
     # the rebuilt dict cannot hand its buffer back: the worker runs out of free buffers and falls back to copies
@@ -84,6 +87,7 @@ def test_a_collate_fn_that_rebuilds_the_batch_still_gets_correct_batches(synth_l
         _check(b["image"], b["scene"], b["window"], cubes)
 
 
+@pytest.mark.integration
 def test_the_training_process_maps_each_buffer_once_and_unmaps_exited_workers(synth_lake: dict[str, Any]) -> None:
     """Batches after a buffer's first name it instead of passing it again, small tensors travel in the pickle,
     and the buffers of workers that have exited (a DataLoader without persistent workers ends them every
