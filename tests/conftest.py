@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ import rasterio
 from rasterio.transform import from_origin
 
 from cubelake.lake import Lake
-from tests import s3auth
+from tests import s3auth, zygote
 from tests.s3auth import AuthS3
 
 # A suite started in the background of a non-interactive shell (`cmd &` in a script) inherits
@@ -46,11 +47,25 @@ REAL = _real_data()
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real ``cubelake`` command in a new process; the test fails (TimeoutExpired) if it hangs."""
-    return subprocess.run([sys.executable, "-m", "cubelake.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}, errors="backslashreplace",
-                          check=False)
+            timeout: float = 300, cold: bool = False) -> subprocess.CompletedProcess[str]:
+    """The real ``cubelake`` command in a new process; the test fails (TimeoutExpired) if it hangs.
+
+    The process is forked from a warm one that has the stack imported (``tests/zygote.py``), saving a second
+    or two a command; ``cold=True`` (or ``CUBELAKE_TEST_COLD_CLI=1`` for the whole run) starts
+    ``python -m cubelake.cli`` from nothing instead.
+    """
+    argv = [sys.executable, "-m", "cubelake.cli", *args]
+    full_env = {**os.environ, **(env or {})}
+    if cold or os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env,
+                              errors="backslashreplace", check=False)
+    code, out, err = zygote.run(list(args), full_env, str(cwd) if cwd is not None else None, timeout)
+    return subprocess.CompletedProcess(argv, code, _text(out), _text(err))
+
+
+def _text(data: bytes) -> str:
+    """Bytes as ``subprocess.run(text=True, errors="backslashreplace")`` decodes them (universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="backslashreplace").read()
 
 
 def no_traceback(res: subprocess.CompletedProcess[str]) -> str:

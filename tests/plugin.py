@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 import sys
 import threading
@@ -33,6 +34,10 @@ SPAWNING_CALLS = re.compile(r"\b(?:run_cli|subprocess\.\w+|Popen|run_transcript|
 #: the audit events of starting a process or binding a socket
 SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
                           "os.system", "socket.bind"})
+#: programs the standard library runs for a lookup, on behalf of whatever library imports or loads first
+#: (``platform.architecture()`` runs ``file -b`` when croniter is imported, ``platform.processor()`` runs
+#: ``uname -p``, ``ctypes.util.find_library`` runs ``ldconfig -p``): not processes the test starts
+LOOKUPS = frozenset({"file", "uname", "ldconfig"})
 COUNT_FILE = Path(__file__).with_name("COLLECTED")
 
 
@@ -46,13 +51,21 @@ class _Watch:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in SPAWN_EVENTS or self.item is None:
+        if event not in SPAWN_EVENTS or self.item is None or _is_lookup(event, args):
             return
         what = _describe(event, args)
         where = f" (in fixture {self.fixture!r})" if self.fixture else ""
         with self.lock:
             if len(self.seen) < 5:
                 self.seen.append(what + where)
+
+
+def _is_lookup(event: str, args: tuple[Any, ...]) -> bool:
+    if event != "subprocess.Popen" or len(args) < 2:
+        return False
+    cmd = args[1]
+    first = cmd[0] if isinstance(cmd, list | tuple) and cmd else cmd
+    return isinstance(first, str | bytes | os.PathLike) and os.path.basename(os.fsdecode(first)) in LOOKUPS
 
 
 def _describe(event: str, args: tuple[Any, ...]) -> str:

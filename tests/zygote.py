@@ -14,6 +14,7 @@ have no other thread after its imports, so the children inherit no held lock.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
@@ -52,7 +53,16 @@ def _start() -> _Zygote:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the CLI zygote did not start (exit {proc.poll()})")
         time.sleep(0.02)
+    atexit.register(_stop, proc)
     return _Zygote(proc, path)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _zygote() -> _Zygote:
@@ -106,6 +116,7 @@ def _child(request: dict[str, object]) -> None:
         for fd, path in ((1, request["out"]), (2, request["err"])):
             f = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(f, fd)
+        sys.path[0] = str(request["cwd"])  # as ``python -m`` puts the working folder first
         sys.argv = [sys.executable, *request["args"]]  # type: ignore[misc]
         runpy.run_module("cubelake.cli", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
