@@ -262,3 +262,56 @@ def test_lake_copy_creates_a_missing_staging_folder_and_leaves_it_clean(tmp_path
     assert out.returncode == 0, no_traceback(out)
     assert Lake(tmp_path / "b", create=False).scene_ids() == ["scene"]
     assert list((staging / "cubelake-staging").iterdir()) == []  # the copy's staging folder is gone
+
+
+def test_a_replacement_whose_final_rename_fails_restores_the_old_version_at_once(tmp_path: Path, lake: Lake,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (r,) = ingest([_scene(tmp_path)], lake, IngestOptions(chunk=32))
+    sid = r.scene_id
+    assert sid is not None
+    old = {p.relative_to(lake.scene_dir(sid)): p.read_bytes() for p in lake.scene_dir(sid).rglob("*") if p.is_file()}
+    real_rename = os.rename
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        if ".staging" in str(src):  # the new version's move into scenes/
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    with lake.staging(sid) as staged:
+        (staged / "scene.json").write_text("{}")
+        monkeypatch.setattr(os, "rename", rename)
+        with pytest.raises(OSError, match="No space"):
+            lake.publish(staged, sid)
+        monkeypatch.undo()
+    # no recover() needed: the old version is back in place, byte for byte, and nothing is left in the trash
+    assert {p.relative_to(lake.scene_dir(sid)): p.read_bytes() for p in lake.scene_dir(sid).rglob("*")
+            if p.is_file()} == old
+    assert list((lake.root / ".trash").iterdir()) == []
+    assert lake.scene_ids() == [sid]
+
+
+@pytest.mark.parametrize("damage", ["flip-a-byte-of-a-chunk", "drop-a-chunk", "flip-a-byte-of-the-cog"])
+def test_lake_copy_refuses_a_damaged_product_and_copies_the_other_scenes(tmp_path: Path, damage: str) -> None:
+    from cubelake.copy import copy_lake
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    srcs = [write_geotiff(tmp_path / f"{n}.tif", hsi_cube(4, 40, 40, seed=i)) for i, n in enumerate(("one", "two"))]
+    res = ingest(srcs, a, IngestOptions(chunk=16, products=("cog", "zarr")))
+    assert [r.outcome for r in res] == [Outcome.INGESTED] * 2, [r.message for r in res]
+    scene = Lake(a, create=False).scene_dir("one")
+    chunks = sorted(p for p in (scene / "one.zarr").rglob("c/*/*/*") if p.is_file())
+    assert len(chunks) == 9  # 4 bands in one chunk deep, 3 x 3 chunks of 16 over 40 x 40
+    victim = scene / "one.tif" if damage.endswith("cog") else chunks[4]
+    if damage == "drop-a-chunk":
+        victim.unlink()
+    else:
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+    report = copy_lake(a, b)
+    product = "cog" if damage.endswith("cog") else "zarr"
+    assert list(report.failed) == ["one"]
+    assert f"one: product {product} differs from its recorded BLAKE3" in report.failed["one"]
+    assert "nothing was copied for this scene" in report.failed["one"]
+    assert report.copied == ["two"]
+    assert Lake(b, create=False).scene_ids() == ["two"]

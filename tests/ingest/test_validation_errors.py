@@ -685,3 +685,21 @@ def test_many_garbage_tiles_are_listed_up_to_twenty_and_counted(tmp_path: Path) 
     assert len(more) == 1
     assert f"... and {len(bad) - 20} more blocks fail to decode" in more[0].message
     assert more[0].where == str(src)  # the file is named
+
+
+@pytest.mark.parametrize(("rows", "cols", "bands", "too_large"), [
+    (100, 1, 1, False), (101, 1, 1, True),  # a tall, thin bomb: only the rows are over
+    (1, 100, 1, False), (1, 101, 1, True),
+    (101, 101, 1, True), (1, 1, 10, False), (1, 1, 11, True),
+])
+def test_each_declared_dimension_is_held_to_its_limit_on_its_own(rows: int, cols: int, bands: int,
+                                                                 too_large: bool) -> None:
+    from cubelake.ingest.sources import SceneMetadata
+    from cubelake.ingest.validate import check_dimensions
+
+    meta = SceneMetadata(path="x.tif", files=("x.tif",), format="GTiff", count=bands, height=rows, width=cols,
+                         dtype="uint8")
+    issues = check_dimensions(meta, Limits(max_dimension=100, max_bands=10))
+    assert [i.code for i in issues] == ([Code.TOO_LARGE] if too_large else [])
+    if too_large and bands == 1:
+        assert f"declared size {rows} rows x {cols} columns exceeds the 100-pixel limit" in issues[0].message

@@ -52,12 +52,21 @@ def test_an_expired_lease_is_taken_over_and_its_holder_learns_it(any_lake: AnyLa
 
 
 def test_a_kept_lease_stays_while_its_holder_lives(any_lake: AnyLake) -> None:
+    ttl = 3.0
     ledger = Ledger(any_lake, "nightly")
-    lease = ledger.acquire("run-a", ttl=0.9).keep()
-    time.sleep(2.0)  # past two lifetimes: only renewals keep it
+    lease = ledger.acquire("run-a", ttl=ttl).keep()
+    least = ttl
+    end = time.time() + 1.5 * ttl  # past a lifetime: only renewals keep it
+    while time.time() < end:  # it never comes near lapsing: renewed every third of its life, well before its end
+        info = ledger.lease_info()
+        assert info is not None
+        least = min(least, info["expires"] - time.time())
+        time.sleep(0.05)
+    assert least > ttl / 2, f"the lease came within {least:.2f} s of lapsing (ttl {ttl} s)"
     with pytest.raises(JobBusyError):
         Ledger(any_lake, "nightly").acquire("run-b", ttl=60)
     lease.release()
+    assert ledger.lease_info()["released"]  # type: ignore[index]
 
 
 def test_of_many_runs_started_at_once_exactly_one_gets_the_lease(any_lake: AnyLake) -> None:
