@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 DATA   ?= $(firstword $(wildcard ../shared/data/real /work/shared/data/real) ../shared/data/real)
 LAKE   ?= lake
 SAMPLES ?= samples
+# the command the demo runs (the tests point it at tests/bin/cubelake, the same command started warm)
+CUBELAKE ?= $(BIN)/cubelake
 
 .PHONY: demo samples test check affected record-count lint bench mutate clean
 
@@ -51,15 +53,15 @@ versions: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	@echo "== cubelake demo: the job manifests/demo.yaml ingests the real scenes of $(DATA) into ./$(LAKE)"
-	@CUBELAKE_DATA=$(abspath $(DATA)) CUBELAKE_LAKE=$(abspath $(LAKE)) $(BIN)/cubelake jobs run manifests/demo.yaml; \
+	@CUBELAKE_DATA=$(abspath $(DATA)) CUBELAKE_LAKE=$(abspath $(LAKE)) $(CUBELAKE) jobs run manifests/demo.yaml; \
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi; \
 	  echo "== exit code $$rc (1 = some inputs were rejected, as the bad inputs must be)"
-	@$(BIN)/cubelake lake --lake $(LAKE)
+	@$(CUBELAKE) lake --lake $(LAKE)
 	@echo "== the catalog: every collection, then scenes over Potsdam in summer 2022 covering 450-1300 nm"
-	@$(BIN)/cubelake catalog stats --lake $(LAKE)
-	@$(BIN)/cubelake catalog search --lake $(LAKE) --bbox 12.9,52.3,13.2,52.5 --datetime 2022-06/2022-08 --wavelength 450:1300
+	@$(CUBELAKE) catalog stats --lake $(LAKE)
+	@$(CUBELAKE) catalog search --lake $(LAKE) --bbox 12.9,52.3,13.2,52.5 --datetime 2022-06/2022-08 --wavelength 450:1300
 	@echo "== a scene's kerchunk references, checked (targets allowed, unchanged) and opened through zarr"
-	@$(BIN)/cubelake refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1) --lake $(LAKE)
+	@$(CUBELAKE) refs check $$(ls -d $(LAKE)/scenes/*/*.refs.* | head -1) --lake $(LAKE)
 
 # small EMIT, PRISMA, EnMAP, DESIS and CF-NetCDF products built to each format's specification
 samples: $(VENV)/.installed

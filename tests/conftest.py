@@ -63,6 +63,27 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return subprocess.CompletedProcess(argv, code, _text(out), _text(err))
 
 
+def cli_process(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, stdout: int | None = None,
+                stderr: int | None = None, text: bool = False) -> subprocess.Popen[Any] | zygote.WarmProcess:
+    """``cubelake *args`` started in the background, to be signalled, killed or waited for: forked from the warm
+    process (:class:`tests.zygote.WarmProcess`, the same ``Popen`` methods), or ``python -m cubelake.cli`` with
+    ``CUBELAKE_TEST_COLD_CLI=1``."""
+    full_env = {**os.environ, **(env or {})}
+    if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+        return subprocess.Popen([sys.executable, "-m", "cubelake.cli", *args], env=full_env, cwd=cwd, stdout=stdout,
+                                stderr=stderr, text=text)
+    return zygote.WarmProcess(list(args), env=full_env, cwd=cwd, stdout=stdout, stderr=stderr, text=text)
+
+
+def python_process(code: str, *args: str, stdout: int | None = None, stderr: int | None = None,
+                   text: bool = False) -> subprocess.Popen[Any] | zygote.WarmProcess:
+    """``python -c code *args`` in the background, forked from the warm process (cold with
+    ``CUBELAKE_TEST_COLD_CLI=1``), as :func:`cli_process`."""
+    if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+        return subprocess.Popen([sys.executable, "-c", code, *args], stdout=stdout, stderr=stderr, text=text)
+    return zygote.WarmProcess(list(args), stdout=stdout, stderr=stderr, text=text, code=code)
+
+
 def _text(data: bytes) -> str:
     """Bytes as ``subprocess.run(text=True, errors="backslashreplace")`` decodes them (universal newlines)."""
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="backslashreplace").read()

@@ -30,7 +30,8 @@ import pytest
 SPAWNING_FIXTURES = frozenset({"s3_server", "auth_s3", "repo", "s3_env", "api", "aux_lake", "browser", "cli_results",
                                "corpus_root", "corpus_runs", "framings", "server", "abc"})
 #: calls in a test's own code that start a process
-SPAWNING_CALLS = re.compile(r"\b(?:run_cli|subprocess\.\w+|Popen|run_transcript|run_shell_block|sh)\(")
+SPAWNING_CALLS = re.compile(r"\b(?:run_cli|cli_process|python_process|run_python|WarmProcess|subprocess\.\w+|Popen|"
+                            r"run_transcript|run_shell_block|sh)\(")
 #: the audit events of starting a process or binding a socket
 SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
                           "os.system", "socket.bind"})

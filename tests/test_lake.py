@@ -315,3 +315,53 @@ def test_lake_copy_refuses_a_damaged_product_and_copies_the_other_scenes(tmp_pat
     assert "nothing was copied for this scene" in report.failed["one"]
     assert report.copied == ["two"]
     assert Lake(b, create=False).scene_ids() == ["two"]
+
+
+def test_lake_copy_reports_its_bytes_skips_what_is_there_and_copies_what_differs(tmp_path: Path) -> None:
+    import shutil
+
+    from cubelake.copy import copy_lake
+
+    for name, seed in (("x", 1), ("y", 2)):  # two lakes, the same scene id with different pixels
+        (tmp_path / name).mkdir()
+        src = write_geotiff(tmp_path / name / "scene.tif", hsi_cube(4, 40, 40, seed=seed))
+        (r,) = ingest([src], tmp_path / f"lake-{name}", IngestOptions(chunk=16, products=("cog", "zarr")))
+        assert r.outcome is Outcome.INGESTED, r.message
+    x, y = tmp_path / "lake-x", tmp_path / "lake-y"
+    first = copy_lake(x, tmp_path / "c")
+    scene = Lake(x, create=False).scene_dir("scene")
+    assert first.copied == ["scene"]
+    assert first.bytes == sum(p.stat().st_size for p in scene.rglob("*") if p.is_file() and p.name != "item.json")
+    assert first.lines()[-1] == f"1 copied ({first.bytes} bytes), 0 unchanged, 0 failed"
+    again = copy_lake(x, tmp_path / "c")
+    assert (again.copied, again.skipped, again.bytes) == ([], ["scene"], 0)
+    assert again.lines() == ["unchanged scene (already in the destination)", "0 copied (0 bytes), 1 unchanged, 0 failed"]
+    # a destination holding other content is replaced, whichever way its content hash sorts
+    for src, dst in ((x, y), (y, x)):
+        target = tmp_path / f"into-{dst.name}"
+        shutil.copytree(dst, target, symlinks=True)
+        report = copy_lake(src, target)
+        assert report.copied == ["scene"], report.lines()
+        assert Lake(target, create=False).scene_record("scene").content_hash == \
+            Lake(src, create=False).scene_record("scene").content_hash  # type: ignore[union-attr]
+
+
+def test_lake_copy_from_a_missing_lake_creates_nothing(tmp_path: Path) -> None:
+    from cubelake.copy import copy_lake
+
+    with pytest.raises(LakeError):
+        copy_lake(tmp_path / "nowhere", tmp_path / "dst")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_committed_item_goes_back_to_its_staged_form() -> None:
+    from cubelake.copy import local_item
+    from cubelake.object_lake import VERSION_KEY
+
+    item = {"id": "s", "properties": {VERSION_KEY: "v7", "datetime": None},
+            "assets": {"cog": {"href": "./v/v7/s.tif"}, "other": {"href": "./v/v8/s.tif"}, "ext": {"href": "s3://b/k"}}}
+    staged = local_item(item)
+    assert staged == {"id": "s", "properties": {"datetime": None},
+                      "assets": {"cog": {"href": "./s.tif"}, "other": {"href": "./v/v8/s.tif"}, "ext": {"href": "s3://b/k"}}}
+    assert item["properties"][VERSION_KEY] == "v7"  # the committed item is left as it was
+    assert local_item({"id": "s", "assets": {"a": {"href": "./v//a"}}}) == {"id": "s", "assets": {"a": {"href": "./v//a"}}}

@@ -8,7 +8,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from cubelake.object_lake import VERSION_KEY, ObjectLake
 from cubelake.record import SceneRecord
 from cubelake.storage import CommitConflict, open_store
 
-from .conftest import REAL, S3Server, no_traceback, run_cli
+from .conftest import REAL, S3Server, cli_process, no_traceback, run_cli
 
 SCENES = [REAL / "hsi_enmap_potsdam", REAL / "hsi_jasper_ridge", REAL / "hsi_samson", REAL / "landsat8_rio_toa"]
 PRODUCTS = ("cog", "zarr", "refs")
@@ -262,9 +261,8 @@ def test_conditional_puts_on_the_commit_object(s3_server: S3Server, s3_bucket: s
 KILL_SCENES = [REAL / "hsi_jasper_ridge", REAL / "hsi_samson", REAL / "hsi_enmap_potsdam"]
 
 
-def _ingest_cmd(url: str, *paths: Path, force: bool = False) -> list[str]:
-    return [sys.executable, "-m", "cubelake.cli", "ingest", "--lake", url, "--products", "cog,zarr,refs",
-            *(["--force"] if force else []), *map(str, paths)]
+def _ingest_args(url: str, *paths: Path, force: bool = False) -> list[str]:
+    return ["ingest", "--lake", url, "--products", "cog,zarr,refs", *(["--force"] if force else []), *map(str, paths)]
 
 
 def _check_consistent(url: str, server: S3Server, expected: int) -> None:
@@ -299,17 +297,17 @@ def test_kill_9_at_20_random_moments_then_rerun(s3_server: S3Server, s3_bucket: 
     env = s3_env(s3_server, tmp_path / "cache") | {"CUBELAKE_STAGING": str(tmp_path / "staging"),
                                                    "CUBELAKE_INDEX_FOLD_BELOW": "0"}
     t0 = time.monotonic()
-    first = subprocess.run(_ingest_cmd(url, *KILL_SCENES), env=env, capture_output=True, text=True, timeout=300)
+    first = run_cli(*_ingest_args(url, *KILL_SCENES), env=env)
     full = time.monotonic() - t0
     assert first.returncode == 0, first.stderr
     rng = random.Random(12)
     for _ in range(20):
-        proc = subprocess.Popen(_ingest_cmd(url, *KILL_SCENES, force=True), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = cli_process(*_ingest_args(url, *KILL_SCENES, force=True), env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.3, full))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    rerun = subprocess.run(_ingest_cmd(url, *KILL_SCENES), env=env, capture_output=True, text=True, timeout=300)
+    rerun = run_cli(*_ingest_args(url, *KILL_SCENES), env=env)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     no_traceback(rerun)
     _check_consistent(url, s3_server, expected=7)
@@ -331,7 +329,7 @@ def test_four_concurrent_ingests_merge_into_one_index(s3_server: S3Server, s3_bu
     env = s3_env(s3_server, tmp_path / "cache") | {"CUBELAKE_INDEX_FOLD_BELOW": "0"}  # change sets, as a large lake
     groups = [[REAL / "hsi_enmap_potsdam"], [REAL / "hsi_jasper_ridge"], [REAL / "hsi_samson"],
               [REAL / "landsat8_rio_toa"]]
-    procs = [subprocess.Popen(_ingest_cmd(url, *g), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [cli_process(*_ingest_args(url, *g), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for g in groups]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outs

@@ -15,9 +15,11 @@ have no other thread after its imports, so the children inherit no held lock.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,12 +27,14 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: what every command imports; nothing here may start a thread at import
 PRELOAD = ("numpy", "rasterio", "rasterio.warp", "zarr", "xarray", "pyproj", "shapely", "typer", "rich",
-           "cubelake.cli", "cubelake.lake", "cubelake.storage", "cubelake.catalog", "cubelake.ingest")
+           "cubelake.cli", "cubelake.lake", "cubelake.storage", "cubelake.catalog", "cubelake.ingest", "torch")
 
 
 @dataclass
@@ -53,16 +57,17 @@ def _start() -> _Zygote:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the CLI zygote did not start (exit {proc.poll()})")
         time.sleep(0.02)
-    atexit.register(_stop, proc)
+    atexit.register(_stop, proc, folder)
     return _Zygote(proc, path)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], folder: str) -> None:
     proc.terminate()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _zygote() -> _Zygote:
@@ -73,11 +78,18 @@ def _zygote() -> _Zygote:
         return _ZYGOTE
 
 
-def run(args: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> tuple[int, bytes, bytes]:
-    """Run ``cubelake *args`` in a child of the zygote: its exit code, stdout and stderr (``TimeoutExpired``)."""
+def socket_path() -> str:
+    """The zygote's socket (started if it is not running): what ``tests/bin/cubelake`` connects to."""
+    return _zygote().path
+
+
+def run(args: list[str], env: dict[str, str], cwd: str | None, timeout: float,
+        code: str | None = None) -> tuple[int, bytes, bytes]:
+    """Run ``cubelake *args`` (or, given ``code``, ``python -c code``) in a child of the zygote: its exit code,
+    stdout and stderr (``TimeoutExpired``)."""
     with tempfile.TemporaryDirectory(prefix="cubelake-run-") as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        request = {"args": args, "env": env, "cwd": cwd or os.getcwd(), "out": out, "err": err}
+        request = {"args": args, "env": env, "cwd": cwd or os.getcwd(), "out": out, "err": err, "code": code}
         with socket.socket(socket.AF_UNIX) as conn:
             conn.connect(_zygote().path)
             conn.sendall(json.dumps(request).encode() + b"\n")
@@ -96,10 +108,100 @@ def run(args: list[str], env: dict[str, str], cwd: str | None, timeout: float) -
         return code, Path(out).read_bytes(), Path(err).read_bytes()
 
 
+class WarmProcess:
+    """``subprocess.Popen`` of ``cubelake *args``, forked from the zygote: a real process (its own pid, session,
+    streams, exit status) that tests signal, kill and wait for; ``stdout``/``stderr``: ``None`` (this process's),
+    ``subprocess.DEVNULL`` or ``subprocess.PIPE``."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                 stdout: int | None = None, stderr: int | None = None, text: bool = False,
+                 code: str | None = None) -> None:
+        self.args = ["cubelake", *args] if code is None else ["python", "-c", code, *args]
+        self.returncode: int | None = None
+        self.stdout: Any = None
+        self.stderr: Any = None
+        null = os.open(os.devnull, os.O_RDWR)
+        fds, theirs = [null], [null]
+        for name, spec, own in (("stdout", stdout, 1), ("stderr", stderr, 2)):
+            if spec == subprocess.PIPE:
+                r, w = os.pipe()
+                setattr(self, name, open(r, "r" if text else "rb"))  # noqa: SIM115 (closed by communicate)
+                fds.append(w)
+                theirs.append(w)
+            else:
+                fds.append(null if spec == subprocess.DEVNULL else own)
+        request = {"args": args, "env": dict(os.environ if env is None else env), "cwd": str(cwd or os.getcwd()),
+                   "code": code}
+        self._conn = socket.socket(socket.AF_UNIX)
+        try:
+            self._conn.connect(_zygote().path)
+            socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], fds)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self._conn.settimeout(30)
+        self._reader = self._conn.makefile("rb")
+        self.pid = int(self._reader.readline())
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended already (as Popen.send_signal)
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select_ready(self._conn):
+            return self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                line = self._reader.readline()
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            if not line:
+                raise RuntimeError("the CLI zygote went away")
+            self.returncode = int(line)
+            self._reader.close()
+            self._conn.close()
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """Everything the piped streams say until the process ends, and its end (as ``Popen.communicate``)."""
+        got: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=n, f=f: got.__setitem__(n, f.read()), daemon=True)
+                   for n, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
+        for t in readers:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        for f in (self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        return got.get("out"), got.get("err")
+
+
+def select_ready(conn: socket.socket) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(conn, selectors.EVENT_READ)
+        return bool(sel.select(0))
+
+
 # -- the zygote itself ------------------------------------------------------------------------------------
 
 
-def _child(request: dict[str, object]) -> None:
+def _child(request: dict[str, object], fds: list[int]) -> None:
     """In the forked child: become ``python -m cubelake.cli <args>`` (never returns)."""
     import runpy
 
@@ -111,14 +213,25 @@ def _child(request: dict[str, object]) -> None:
         os.chdir(str(request["cwd"]))
         os.environ.clear()
         os.environ.update(request["env"])  # type: ignore[arg-type]
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        for fd, path in ((1, request["out"]), (2, request["err"])):
-            f = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(f, fd)
+        if fds:  # the caller's own stdin, stdout and stderr (tests/bin/cubelake)
+            for fd, theirs in enumerate(fds):
+                os.dup2(theirs, fd)
+                os.close(theirs)
+        else:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            for fd, path in ((1, request["out"]), (2, request["err"])):
+                f = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(f, fd)
         sys.path[0] = str(request["cwd"])  # as ``python -m`` puts the working folder first
-        sys.argv = [sys.executable, *request["args"]]  # type: ignore[misc]
-        runpy.run_module("cubelake.cli", run_name="__main__", alter_sys=True)
+        if request.get("code") is not None:  # python -c: a __main__ without a file
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            sys.argv = ["-c", *request["args"]]  # type: ignore[misc]
+            exec(compile(str(request["code"]), "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = [sys.executable, *request["args"]]  # type: ignore[misc]
+            runpy.run_module("cubelake.cli", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -128,11 +241,35 @@ def _child(request: dict[str, object]) -> None:
 
         traceback.print_exc()
         code = 1
-    try:
+    try:  # what an interpreter does on its way out: wait for its threads, run its exit functions, flush
+        threading._shutdown()  # type: ignore[attr-defined]
+        import atexit as _atexit
+
+        _atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, object] | None, list[int]]:
+    """One request line, and the descriptors sent with it (none, or the caller's stdin, stdout and stderr)."""
+    conn.settimeout(30)
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+        while data and not data.endswith(b"\n"):
+            more = conn.recv(1 << 16)
+            if not more:
+                break
+            data += more
+    except OSError:
+        return None, []
+    conn.settimeout(None)
+    if not data.endswith(b"\n") or len(fds) not in (0, 3):
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
 
 
 def _serve(path: str) -> None:
@@ -149,12 +286,17 @@ def _serve(path: str) -> None:
     while True:
         for _key, _ in sel.select(timeout=0.05):
             conn, _ = server.accept()
-            request = json.loads(conn.makefile("rb").readline())
+            request, fds = _receive(conn)
+            if request is None:
+                conn.close()
+                continue
             pid = os.fork()
             if pid == 0:
                 server.close()
                 conn.close()
-                _child(request)
+                _child(request, fds)
+            for fd in fds:
+                os.close(fd)
             conn.sendall(f"{pid}\n".encode())
             waiting[pid] = conn
         while waiting:

@@ -7,7 +7,6 @@ ones killed with SIGKILL at fixed points (``CUBELAKE_FAULT``) and at a random mo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -22,7 +21,7 @@ from cubelake.catalog import Query, SearchHit
 from cubelake.catalog.lake import LakeCatalog
 from cubelake.lake import Lake
 
-from ..conftest import hsi_cube, write_geotiff
+from ..conftest import cli_process, hsi_cube, python_process, run_cli, write_geotiff
 
 CLI = [sys.executable, "-m", "cubelake.cli"]
 
@@ -35,9 +34,8 @@ def _scene(folder: Path, name: str, seed: int, size: int = 64, bands: int = 8, x
 
 
 def _ingest(lake: Path, *paths: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "ingest", "--lake", str(lake), "--products", "cog,zarr", "--workers", "1",
-                           *map(str, paths)], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=300)
+    return run_cli("ingest", "--lake", str(lake), "--products", "cog,zarr", "--workers", "1", *map(str, paths),
+                   env=env)
 
 
 def _all(cat: LakeCatalog) -> list[SearchHit]:
@@ -89,9 +87,8 @@ def test_four_processes_ingest_into_one_lake(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     Lake(lake)  # created once, as a user would with the first ingest
     procs = [
-        subprocess.Popen([*CLI, "ingest", "--lake", str(lake), "--products", "cog,zarr", "--workers", "1",
-                          *map(str, scenes[k::4]), str(shared)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+        cli_process("ingest", "--lake", str(lake), "--products", "cog,zarr", "--workers", "1",
+                    *map(str, scenes[k::4]), str(shared), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for k in range(4)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -177,8 +174,8 @@ def test_killed_at_a_random_moment(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     rng = np.random.default_rng(7)
     for delay in rng.uniform(0.5, 3.0, size=3):
-        p = subprocess.Popen([*CLI, "ingest", "--lake", str(lake), "--products", "cog,zarr", "--force",
-                              *map(str, scenes)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = cli_process("ingest", "--lake", str(lake), "--products", "cog,zarr", "--force", *map(str, scenes),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(float(delay))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)
@@ -198,8 +195,7 @@ def test_reindex_under_an_open_reader(tmp_path: Path) -> None:
     with LakeCatalog(lake) as reader:
         before = [h.id for h in _all(reader)]
         (lake / "scenes" / "r1" / "item.json").write_text("{ not json")  # reindex must skip it
-        r = subprocess.run([*CLI, "catalog", "reindex", "--lake", str(lake)], capture_output=True, text=True,
-                           timeout=120)
+        r = run_cli("catalog", "reindex", "--lake", str(lake), timeout=120)
         assert r.returncode == 1
         assert str(lake / "scenes" / "r1" / "item.json") in r.stderr
         after = [h.id for h in _all(reader)]  # the same open connection
@@ -222,8 +218,8 @@ def test_processes_opening_a_new_lakes_catalog_at_once(tmp_path: Path) -> None:
     for round_ in range(8):
         lake = tmp_path / f"lake{round_}"
         Lake(lake)
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(lake)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        procs = [python_process(code, str(lake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(4)]  # forked from a warm process: they reach the catalog within milliseconds
         for p in procs:
             out, err = p.communicate(timeout=120)
             assert p.returncode == 0, err

@@ -43,7 +43,17 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "roles": ["data"], "bands": item["properties"]["bands"]},
         "thumbnail": {"href": "./s1.png", "type": "image/png", "roles": ["thumbnail"]},
     }
-    synthetic_lake(root, [item])
+    # a float scene whose nodata is a number, with a NaN pixel too, and an asset that lists no bands
+    other = Synth("f1", geometry=box(WEST, SOUTH, EAST, NORTH), datetime="2021-06-02T10:00:00Z").to_item()
+    other["assets"] = {"data": {"href": "./f1.tif", "type": "image/tiff; application=geotiff", "roles": ["data"],
+                                "bands": [{"name": "b1", "eo:center_wavelength": 0.5}]}}
+    synthetic_lake(root, [item, other])
+    with rasterio.open(root / "scenes" / "f1" / "f1.tif", "w", driver="GTiff", width=COLS, height=ROWS, count=3,
+                       dtype="float32", crs="EPSG:4326", transform=from_origin(WEST, NORTH, RES, RES),
+                       nodata=-1.0) as dst:
+        data = np.full((3, ROWS, COLS), 0.25, dtype="float32")
+        data[0, 1, 1], data[1, 1, 1] = np.nan, -1.0
+        dst.write(data)
     scene = root / "scenes" / "s1"
     with rasterio.open(scene / "s1.tif", "w", driver="GTiff", width=COLS, height=ROWS, count=BANDS, dtype="int16",
                        crs="EPSG:4326", transform=from_origin(WEST, NORTH, RES, RES), nodata=NODATA) as dst:
@@ -164,3 +174,30 @@ def test_a_spectrum_of_an_unknown_item_or_collection_is_not_found(client: TestCl
         r = client.get(path, params={"lon": WEST, "lat": NORTH})
         assert r.status_code == 404
         assert "no item" in r.json()["description"]
+
+
+def test_a_float_spectrum_nulls_nan_and_nodata_and_unlisted_bands_have_no_wavelength(client: TestClient) -> None:
+    r = client.get("/collections/synth/items/f1/spectrum", params={"lon": WEST + RES * 1.5, "lat": NORTH - RES * 1.5})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert (doc["row"], doc["col"], doc["asset"]) == (1, 1, "data")
+    assert doc["values"] == [None, None, 0.25]  # NaN, the nodata value, a value
+    assert doc["wavelength_um"] == [None, None, None]  # the asset lists 1 band of 3: none is guessed
+
+
+@pytest.mark.parametrize(("path", "accept", "html"), [
+    ("/", "text/html,application/xhtml+xml", True), ("/map", "*/*", True), ("/", "application/json", False),
+    ("/?f=json", "text/html", False), ("/conformance", "text/html", False), ("/", "", False),
+])
+def test_browsers_get_the_map_and_clients_the_landing_page(client: TestClient, path: str, accept: str,
+                                                           html: bool) -> None:
+    r = client.get(path, headers={"Accept": accept})
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/html") is html
+    if html:
+        assert "leaflet" in r.text.lower()
+    else:
+        doc = r.json()
+        assert doc["conformsTo"] if path == "/conformance" else doc["type"] == "Catalog"
+    head = client.head("/", headers={"Accept": "text/html"})  # only a GET of / is the map
+    assert not head.headers.get("content-type", "").startswith("text/html")
