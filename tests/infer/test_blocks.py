@@ -184,10 +184,18 @@ def test_model_files_are_checked(tmp_path: Path, enmap_scene: dict[str, Any]) ->
         list(predict_blocks(load_model(wrong), enmap_scene["src"], PredictSettings()))
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_reduced_precision_on_cpu(enmap_scene: dict[str, Any], models: dict[str, Path], dtype: str) -> None:
-    """fp16/bf16 compute: the model is cast, inputs follow; probabilities stay close to fp32's."""
+@pytest.fixture(scope="module")
+def seg_fp32(enmap_scene: dict[str, Any], models: dict[str, Path]) -> np.ndarray:
+    """The segmentation model's fp32 probabilities over the scene (computed once for the module)."""
     ref, _, _ = _assemble(load_model(models["seg"]), enmap_scene["src"], PredictSettings())
+    return ref
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_reduced_precision_on_cpu(enmap_scene: dict[str, Any], models: dict[str, Path], seg_fp32: np.ndarray,
+                                  dtype: str) -> None:
+    """fp16/bf16 compute: the model is cast, inputs follow; probabilities stay close to fp32's."""
+    ref = seg_fp32
     model = load_model(models["seg"])
     low, _, _ = _assemble(model, enmap_scene["src"], PredictSettings(dtype=dtype))  # type: ignore[arg-type]
     assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float16)

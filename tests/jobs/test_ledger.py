@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -118,3 +119,82 @@ def test_a_damaged_ledger_object_is_taken_as_absent(tmp_path: Path) -> None:
     (lake.root / "jobs" / "nightly" / "inputs" / "k1.json").write_text("{not json")
     assert ledger.entry("k1") is None
     assert ledger.entries() == {}
+
+
+def test_run_ids_sort_by_time_and_never_repeat() -> None:
+    import re
+
+    from cubelake.jobs.ledger import new_run_id
+
+    before = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    ids = [new_run_id() for _ in range(200)]
+    after = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    assert all(re.fullmatch(r"\d{8}T\d{6}-[0-9a-f]{6}", i) for i in ids), ids[:3]
+    assert before <= ids[0][:15] <= ids[-1][:15] <= after  # UTC time first: ids sort by when the run started
+    assert len(set(ids)) == 200
+
+
+def test_a_lease_says_until_when_in_utc(tmp_path: Path) -> None:
+    from datetime import datetime
+
+    ledger = Ledger(Lake(tmp_path / "lake"), "nightly")
+    lease = ledger.acquire("run-a", ttl=600)
+    info = ledger.lease_info()
+    assert info is not None
+    until = datetime.fromisoformat(info["until"]).timestamp()
+    assert abs(until - (time.time() + 600)) < 5  # the time it lapses, readable, not when it was taken
+    assert abs(info["expires"] - (time.time() + 600)) < 5
+    lease.release()
+    assert ledger.lease_info()["expires"] <= time.time()  # type: ignore[index]
+
+
+def _dead_pid_below(limit: int) -> int:
+    from cubelake.lake import pid_alive
+
+    return next(p for p in range(limit - 1, 1, -1) if not pid_alive(p))
+
+
+@pytest.mark.parametrize("where", ["below", "above"])
+def test_a_lease_of_any_dead_pid_on_this_host_is_taken_at_once(tmp_path: Path, where: str) -> None:
+    import socket
+
+    from cubelake.lake import pid_alive
+
+    pid = _dead_pid_below(os.getpid()) if where == "below" else \
+        next(p for p in range(os.getpid() + 10_000, os.getpid() + 20_000) if not pid_alive(p))
+    ledger = Ledger(Lake(tmp_path / "lake"), "nightly")
+    ledger._write("jobs/nightly/lease.json", {"run_id": "run-dead", "host": socket.gethostname(), "pid": pid,
+                                              "expires": time.time() + 3600}, create=True)
+    lease = ledger.acquire("run-next", ttl=60)  # its holder is gone: no waiting for the hour
+    assert ledger.lease_info()["run_id"] == "run-next"  # type: ignore[index]
+    lease.release()
+
+
+def test_a_renewal_that_meets_a_storage_blip_keeps_the_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from cubelake.storage import StorageError
+
+    ledger = Ledger(Lake(tmp_path / "lake"), "nightly")
+    lease = ledger.acquire("run-a", ttl=60)
+    body = dict(lease.body)
+
+    def blip(*_a: object, **_k: object) -> None:
+        raise StorageError("the endpoint cannot be reached")
+
+    monkeypatch.setattr(ledger, "_write", blip)
+    assert lease.renew()  # a blip: the next renewal tries again
+    assert not lease.lost
+    assert lease.body == body
+    assert "renewing the lease failed" in caplog.text
+    monkeypatch.undo()
+    assert lease.renew()
+    assert lease.body["expires"] > body["expires"] - 1
+    lease.release()
+
+
+@pytest.mark.parametrize(("mib", "readable"), [(7.5, True), (8.5, False)])
+def test_a_ledger_object_over_8_mib_is_taken_as_absent(tmp_path: Path, mib: float, readable: bool) -> None:
+    lake = Lake(tmp_path / "lake")
+    ledger = Ledger(lake, "nightly")
+    ledger.put_entry("k1", {"input": "/a.tif", "state": "done", "pad": "x" * int(mib * 1024 * 1024)})
+    assert (ledger.entry("k1") is not None) is readable
