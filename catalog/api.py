@@ -131,7 +131,14 @@ def _sort_keys(sortby: Any) -> tuple[str, ...]:
         field = getattr(entry, "field", None) or (entry.get("field") if isinstance(entry, dict) else None)
         direction = getattr(entry, "direction", None) or (entry.get("direction") if isinstance(entry, dict) else "asc")
         keys.append(("-" if str(getattr(direction, "value", direction)) == "desc" else "") + str(field))
-    return tuple(k.removeprefix("properties.").strip() for k in keys)
+    return tuple(_sort_key(k) for k in keys)
+
+
+def _sort_key(key: str) -> str:
+    """``-properties.eo:cloud_cover`` as ``-eo:cloud_cover``: the direction kept, the STAC prefix dropped."""
+    key = key.strip()
+    sign = key[0] if key[:1] in ("+", "-") else ""
+    return sign + key[len(sign):].strip().removeprefix("properties.")
 
 
 @attr.s
