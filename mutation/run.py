@@ -102,19 +102,26 @@ def test_command(m: Module) -> str:
 
 
 def scope_lines(path: Path, names: tuple[str, ...]) -> set[int] | None:
-    """Line numbers of the top-level definitions ``names`` in ``path`` (``None``: every line)."""
+    """Line numbers of the definitions ``names`` in ``path``: top-level ones, or a class's methods as
+    ``Class.method`` (``None``: every line)."""
     if not names:
         return None
     import ast
 
     tree = ast.parse(path.read_text())
     lines: set[int] = set()
+    found: set[str] = set()
     for node in tree.body:
-        if getattr(node, "name", None) in names:
-            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-    missing = set(names) - {getattr(n, "name", None) for n in tree.body}
+        name = getattr(node, "name", None)
+        members = [(f"{name}.{sub.name}", sub) for sub in node.body if hasattr(sub, "name")] \
+            if isinstance(node, ast.ClassDef) else []
+        for full, definition in [(name, node), *members]:
+            found.add(str(full))
+            if full in names:
+                lines.update(range(definition.lineno, (definition.end_lineno or definition.lineno) + 1))
+    missing = set(names) - found
     if missing:
-        raise SystemExit(f"mutation/modules.toml: {path} has no top-level {sorted(missing)}; fix its scope")
+        raise SystemExit(f"mutation/modules.toml: {path} has no definition {sorted(missing)}; fix its scope")
     return lines
 
 

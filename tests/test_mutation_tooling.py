@@ -39,11 +39,14 @@ def test_every_listed_module_and_test_exists_and_has_a_recorded_score() -> None:
 
 def test_a_scope_names_its_definitions_or_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
-    src.write_text("X = 1\n\n\nclass A:\n    y = 2\n\n\ndef f():\n    return 3\n")
-    assert mutate.scope_lines(src, ("A",)) == {4, 5}
+    src.write_text("X = 1\n\n\nclass A:\n    y = 2\n\n    def g(self):\n        return 4\n\n\ndef f():\n    return 3\n")
+    assert mutate.scope_lines(src, ("A",)) == {4, 5, 6, 7, 8}
+    assert mutate.scope_lines(src, ("A.g",)) == {7, 8}  # one method of a class
+    assert mutate.scope_lines(src, ("A.g", "f")) == {7, 8, 11, 12}
     assert mutate.scope_lines(src, ()) is None
-    with pytest.raises(SystemExit, match="no top-level \\['B'\\]"):
-        mutate.scope_lines(src, ("B",))
+    for missing in ("B", "A.h", "g"):
+        with pytest.raises(SystemExit, match=f"has no definition \\['{missing}'\\]"):
+            mutate.scope_lines(src, (missing,))
 
 
 def _sample(session: Path, module: mutate.Module) -> list[tuple[str, int, int]]:
