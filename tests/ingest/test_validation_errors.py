@@ -703,3 +703,45 @@ def test_each_declared_dimension_is_held_to_its_limit_on_its_own(rows: int, cols
     assert [i.code for i in issues] == ([Code.TOO_LARGE] if too_large else [])
     if too_large and bands == 1:
         assert f"declared size {rows} rows x {cols} columns exceeds the 100-pixel limit" in issues[0].message
+
+
+def test_the_default_limits_are_the_ones_the_readme_states() -> None:
+    from tests.conftest import ROOT
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "size over the limits (64 GiB, 10⁶ rows/columns, 10⁴ bands by default" in readme
+    assert (Limits().max_bytes, Limits().max_dimension, Limits().max_bands) == (64 * 1024**3, 10**6, 10**4)
+
+
+@pytest.mark.parametrize(("bands", "rows", "cols"), [(0, 5, 5), (5, 0, 5), (5, 5, 0), (-1, 5, 5), (5, -1, 5),
+                                                     (5, 5, -1)])
+def test_a_dimension_of_zero_or_less_is_named(bands: int, rows: int, cols: int) -> None:
+    from cubelake.ingest.sources import SceneMetadata
+    from cubelake.ingest.validate import check_dimensions
+
+    meta = SceneMetadata(path="x.tif", files=("x.tif",), format="GTiff", count=bands, height=rows, width=cols,
+                         dtype="uint8")
+    (issue,) = check_dimensions(meta, Limits())
+    assert issue.code is Code.BAD_DIMENSIONS
+    assert f"declared size is {bands} bands x {rows} rows x {cols} columns; every dimension must be > 0" in issue.message
+
+
+@pytest.mark.parametrize(("dtype", "itemsize"), [("int16", 2), ("float64", 8), ("not-a-dtype", 8)])
+def test_the_byte_limit_counts_each_sample_at_its_size_and_an_unknown_type_at_8(tmp_path: Path, dtype: str,
+                                                                               itemsize: int) -> None:
+    from cubelake.ingest.sources import SceneMetadata
+    from cubelake.ingest.validate import check_dimensions
+
+    on_disk = tmp_path / "x.tif"
+    on_disk.write_bytes(b"\0" * (3 * 1024**2 // 2))  # 1.5 MiB
+    meta = SceneMetadata(path=str(on_disk), files=(str(on_disk),), format="GTiff", count=3, height=1024,
+                         width=1024 * 1024, dtype=dtype)  # 3 Gi samples
+    decoded = 3 * 1024 * 1024 * 1024 * itemsize
+    assert check_dimensions(meta, Limits(max_bytes=decoded, max_dimension=2**40)) == []
+    (issue,) = check_dimensions(meta, Limits(max_bytes=decoded - 1, max_dimension=2**40))
+    assert issue.code is Code.TOO_LARGE
+    assert issue.message == (
+        f"declared size 3x1024x1048576 {dtype} decodes to {3 * itemsize:.1f} GiB, over the {3 * itemsize:.1f} GiB "
+        "limit (the file is 1.5 MiB on disk). If the scene is genuine, raise --max-bytes")
+    (issue,) = check_dimensions(meta, Limits(max_bytes=decoded // 3 + decoded // 6, max_dimension=2**40))
+    assert f"decodes to {3 * itemsize:.1f} GiB, over the {1.5 * itemsize:.1f} GiB limit" in issue.message
