@@ -365,3 +365,46 @@ def test_a_committed_item_goes_back_to_its_staged_form() -> None:
                       "assets": {"cog": {"href": "./s.tif"}, "other": {"href": "./v/v8/s.tif"}, "ext": {"href": "s3://b/k"}}}
     assert item["properties"][VERSION_KEY] == "v7"  # the committed item is left as it was
     assert local_item({"id": "s", "assets": {"a": {"href": "./v//a"}}}) == {"id": "s", "assets": {"a": {"href": "./v//a"}}}
+
+
+def test_a_scene_lock_is_held_across_processes_and_released(tmp_path: Path, lake: Lake) -> None:
+    code = ("import sys, time; from cubelake.lake import Lake\n"
+            "with Lake(sys.argv[1]).lock('s1'):\n    print('held', flush=True); time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lake.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        with lake.lock("s1", blocking=False) as got:
+            assert got is False  # another process holds it
+        with lake.lock("s2", blocking=False) as got:
+            assert got is True  # another scene's lock is free
+    finally:
+        holder.kill()
+        holder.wait(30)
+    with lake.lock("s1", blocking=False) as got:
+        assert got is True  # the dead holder's lock is free again
+        with Lake(lake.root).lock("s1", blocking=False) as again:
+            assert again is False  # and now held here
+    with lake.lock("s1", blocking=False) as got:
+        assert got is True  # released on leaving
+
+
+def test_a_staging_folder_is_gone_after_a_failed_build_and_publishing_clears_an_old_rejection(
+        tmp_path: Path, lake: Lake) -> None:
+    def build() -> None:
+        with lake.staging("s1") as staged:
+            (staged / "half.tif").write_bytes(b"half")
+            raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError, match="build failed"):
+        build()
+    assert list((lake.root / ".staging").iterdir()) == []
+    lake.record_rejection("s1", {"reason": "an earlier version was refused"})
+    assert lake.rejected_ids() == ["s1"]
+    with lake.staging("s1") as staged:
+        (staged / "scene.json").write_text("{}")
+        target = lake.publish(staged, "s1")
+    assert target == lake.scene_dir("s1")
+    assert (target / "scene.json").read_text() == "{}"
+    assert lake.rejected_ids() == []  # published now: the rejection no longer stands
+    assert list((lake.root / ".staging").iterdir()) == []
