@@ -265,3 +265,56 @@ def test_damaged_change_set_is_refused_with_what_to_do(lake_url: str, tmp_path: 
     monkeypatch.setenv("CUBELAKE_INDEX_FOLD_BELOW", "lots")
     with pytest.raises(CatalogError, match="not a number of bytes"):
         remote.fold_policy()
+
+
+def test_the_fold_policy_defaults_and_its_edges() -> None:
+    policy = FoldPolicy()
+    assert (policy.always_below, policy.max_bytes, policy.entries_range) == (32 * 1024**2, 4 * 1024**2, (32, 1000))
+    at = IndexPointer(5, "catalog/index/5.sqlite", 10_000, 32 * 1024**2, collections=("a",))
+    assert not should_fold(policy, at, None, {"a"})  # a base of exactly 32 MiB is no longer always refolded
+    below = IndexPointer(5, "catalog/index/5.sqlite", 10_000, 32 * 1024**2 - 1, collections=("a",))
+    assert should_fold(policy, below, None, {"a"})
+    n = policy.max_entries(10_000)
+    for count, size, fold in ((n - 1, 4 * 1024**2 - 1, False), (n, 0, True), (n + 5, 0, True),
+                              (0, 4 * 1024**2, True), (0, 4 * 1024**2 + 1, True)):
+        cs = ChangeSet(at.key, {str(i): Change(i, None) for i in range(count)}, size)
+        assert should_fold(policy, at, cs, set()) is fold, (count, size)
+
+
+def test_a_change_set_lists_the_collections_of_its_items_not_of_its_deletions() -> None:
+    cs = ChangeSet(None, {"x": Change(1, _item(1) | {"id": "x", "collection": "c1"}), "y": Change(2, None),
+                          "z": Change(3, _item(2) | {"id": "z", "collection": "c2"})})
+    assert cs.collections() == {"c1", "c2"}
+    assert ChangeSet(None, {"y": Change(2, None)}).collections() == set()
+
+
+@pytest.mark.parametrize("doc", [
+    {"format": "something-else", "entries": []}, ["format", "entries"], {"format": "cubelake-index-changes"},
+    {"format": "cubelake-index-changes", "entries": {"id": "a"}},
+    {"format": "cubelake-index-changes", "entries": [{"id": "a", "generation": 1, "item": {"id": "b", "collection": "c"}}]},
+    {"format": "cubelake-index-changes", "entries": [{"id": "b", "generation": 1, "item": {"id": "a", "collection": "c"}}]},
+    {"format": "cubelake-index-changes", "entries": [{"id": "a", "generation": 1, "item": {"id": "a"}}]},
+    {"format": "cubelake-index-changes", "entries": [{"id": "a", "generation": 1, "item": {"id": "a", "collection": 3}}]},
+    {"format": "cubelake-index-changes", "entries": [{"id": "a", "generation": "1", "item": None}]},
+    {"format": "cubelake-index-changes", "entries": [{"id": "a", "generation": 1, "item": None, "href": 5}]},
+])
+def test_anything_but_a_change_set_is_refused(doc: Any) -> None:
+    with pytest.raises(DamagedIndexError):
+        ChangeSet.decode(gzip.compress(json.dumps(doc).encode()))
+
+
+def test_a_change_set_bomb_is_stopped_at_256_mib() -> None:
+    with pytest.raises(DamagedIndexError, match=f"expands to more than {256 * 1024**2} bytes"):
+        ChangeSet.decode(gzip.compress(b" " * (256 * 1024**2 + 1), compresslevel=1))
+
+
+def test_a_minimal_pointer_takes_zero_for_what_it_leaves_out_and_is_immutable() -> None:
+    import dataclasses
+
+    p = IndexPointer.parse({"format": "cubelake-index", "generation": 2, "key": "catalog/index/2.sqlite"})
+    assert p == IndexPointer(2, "catalog/index/2.sqlite", 0, 0, None, 0, ())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.items = 5  # type: ignore[misc]
+    assert {p: 1}[p] == 1  # hashable: a snapshot's pointer can key a cache
+    with pytest.raises(DamagedIndexError, match="not a number"):
+        IndexPointer.parse({"format": "cubelake-index", "generation": "two", "key": "catalog/index/2.sqlite"})
