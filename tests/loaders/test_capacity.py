@@ -56,6 +56,8 @@ def test_enough_requests_make_it_compute_bound() -> None:
     assert p.samples_per_s == pytest.approx(16.0)  # 8 samples per 0.5 s
     assert p.recommended_prefetch == 2  # ceil(0.32 / 0.5) + 1
     assert p.recommended_cache_bytes == int(2 * MIB + 3 * 8e6)
+    assert "compute-bound: the model takes 500 ms per batch" in p.explanation
+    assert "(the link needs 128 of its 200 Mbit/s)" in p.explanation  # 8 MB a batch every 0.5 s
 
 
 def test_a_model_faster_than_the_link_is_bandwidth_bound() -> None:
