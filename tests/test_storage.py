@@ -234,3 +234,100 @@ def test_a_refusal_says_what_to_grant(url: str, what: str, hint: str) -> None:
         err = translate(exc, url, what)
         assert isinstance(err, StorageError)
         assert str(err).startswith(f"{url}: cannot {what}: {hint}"), str(err)
+
+
+# -- the local folder in detail: what an object store does not show ------------------------------------------
+
+
+def test_a_local_store_lists_no_temporary_lock_or_special_files(tmp_path: Path) -> None:
+    import os
+
+    store = open_store(tmp_path / "root")
+    store.put("a/x.json", b"{}")
+    root = tmp_path / "root"
+    for name in (".x.json.123.456.tmp", ".x.json.lock"):
+        (root / "a" / name).write_bytes(b"")
+    (root / "a" / ".hidden.json").write_bytes(b"1")  # a dot file that is ours neither: an object
+    (root / "a" / "keep.tmp").write_bytes(b"2")
+    os.mkfifo(root / "a" / "pipe")
+    os.symlink(root / "a" / "x.json", root / "a" / "link.json")
+    assert [o.key for o in store.list("a")] == ["a/.hidden.json", "a/keep.tmp", "a/x.json"]
+    dirs, objs = store.list_dirs("a")
+    assert dirs == []
+    assert [o.key for o in objs] == ["a/.hidden.json", "a/keep.tmp", "a/x.json"]
+    assert store.list_dirs("missing") == ([], [])
+    with pytest.raises(ObjectNotFound):
+        store.head("a/pipe")  # never opened: a FIFO could block a reader forever
+    with pytest.raises(ObjectNotFound):
+        store.get_ranges("a/pipe", [0], [1])
+
+
+def test_a_local_store_rereads_a_replaced_file_and_closes_its_handles(tmp_path: Path) -> None:
+    import os
+
+    store = open_store(tmp_path / "root")
+    store.put("c.bin", b"0123456789")
+    assert store.get_ranges("c.bin", [2, 5], [4, 8]) == [b"23", b"567"]
+    store.put("c.bin", b"abcdefghij")  # a new file (rename): the cached handle must not serve the old bytes
+    assert store.get_ranges("c.bin", [0], [3]) == [b"abc"]
+    before = len(os.listdir("/proc/self/fd"))
+    store.put("c.bin", b"ABCDEFGHIJ")
+    assert store.get_ranges("c.bin", [7], [10]) == [b"HIJ"]
+    assert len(os.listdir("/proc/self/fd")) == before  # the old handle was closed, not leaked
+    store.close()
+    assert len(os.listdir("/proc/self/fd")) == before - 1
+
+
+def test_a_local_put_leaves_no_temporary_file_even_when_it_loses(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "root")
+    first = store.put("k.json", b"1", create=True)
+    with pytest.raises(CommitConflict, match="already exists"):
+        store.put("k.json", b"2", create=True)
+    with pytest.raises(CommitConflict, match=r"changed since it was read \(ETag .*, expected nope\)"):
+        store.put("k.json", b"3", if_match="nope")
+    assert store.get("k.json") == b"1"
+    assert store.put("k.json", b"4", if_match=first.etag).etag != first.etag
+    with pytest.raises(CommitConflict):
+        store.put("gone.json", b"5", if_match=first.etag)  # replace-only: nothing to replace
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == [".gone.json.lock", ".k.json.lock", "k.json"]
+
+
+@pytest.mark.parametrize(("text", "data", "has_etag"), [
+    (None, None, False), (b'{"a": 1}', {"a": 1}, True), (b"[1, 2]", None, True), (b"{not json", None, True),
+    (b"\xff\xfe binary", None, True),
+])
+def test_read_json_info(tmp_path: Path, text: bytes | None, data: object, has_etag: bool) -> None:
+    from cubelake.storage import read_json_info
+
+    store = open_store(tmp_path / "root")
+    if text is not None:
+        store.put("o.json", text)
+    got, etag = read_json_info(store, "o.json", 1024)
+    assert got == data
+    assert (etag == store.head("o.json").etag) if has_etag else etag is None
+
+
+def test_read_json_info_refuses_what_is_over_its_size(tmp_path: Path) -> None:
+    from cubelake.storage import read_json_info
+
+    store = open_store(tmp_path / "root")
+    store.put("o.json", b'{"a": "' + b"x" * 100 + b'"}')
+    assert read_json_info(store, "o.json", 200)[0] == {"a": "x" * 100}
+    got, etag = read_json_info(store, "o.json", 50)
+    assert got is None
+    assert etag == store.head("o.json").etag  # replaceable by a conditional write
+
+
+@pytest.mark.parametrize("key", ["a", "a/b", "/a/b/", "a/b.c/d", "a b/c"])
+def test_good_keys(key: str) -> None:
+    from cubelake.storage import check_key
+
+    assert check_key(key) == key.strip("/")
+
+
+@pytest.mark.parametrize("key", ["", "/", "..", "a/..", "./a", "a//b", "a\\b", "a\x1fb", "a\nb"])
+def test_bad_keys(key: str) -> None:
+    from cubelake.storage import check_key
+
+    with pytest.raises(StorageError, match="not a valid object key"):
+        check_key(key)
