@@ -148,3 +148,82 @@ def test_an_epoch_through_faults_serves_the_same_batches(big_cog: str, s3_server
     assert len(clean) == 9
     assert sum(emu.stats.faults.values()) >= 3  # faults were injected and survived (retried by the client)
     assert emu.stats.faults["stall"] >= 1
+
+
+def _window(ctl: AimdController, rate: float, start: float, nbytes: int = 1000) -> float:
+    """One measurement window of completions at ``rate`` bytes/s from ``start``; the time it ended."""
+    now = start
+    for _ in range(ctl.window):
+        now += nbytes / rate
+        ctl.completed(nbytes, now)
+    return now
+
+
+def test_the_limit_starts_inside_its_bounds_and_decides_once_a_window() -> None:
+    assert AimdController(lo=3, hi=5, limit=1).limit == 3
+    assert AimdController(lo=3, hi=5, limit=9).limit == 5
+    ctl = AimdController(lo=1, hi=8, limit=1, window=4)
+    for i in range(3):
+        assert ctl.completed(100, 1.0 + i) == 1
+    assert ctl.history == []  # not a full window yet
+    assert ctl.completed(100, 4.0) == 2  # the first window: nothing to compare with, one more
+    assert ctl.history == [2]
+    same = AimdController(window=2)
+    same.completed(100, 5.0)
+    same.completed(100, 5.0)  # no time passed: no rate to judge by
+    assert same.history == []
+
+
+def test_one_more_request_is_kept_only_while_it_pays() -> None:
+    ctl = AimdController(lo=1, hi=8, limit=1, window=4)
+    t = _window(ctl, 1e6, 0.0)  # 1 in flight (a first window counts from its first completion: 1.33 MB/s)
+    assert ctl.limit == 2
+    t = _window(ctl, 3e6, t)  # 2: more than twice as fast
+    assert ctl.limit == 3
+    t = _window(ctl, 3.6e6, t)  # 3: +20 %, less than half of the +50 % a third request could bring (3.75)
+    assert ctl.limit == 3
+    t = _window(ctl, 3.7e6, t)  # still below 3.75 MB/s
+    assert ctl.limit == 3
+    _window(ctl, 3.9e6, t)  # now it pays
+    assert ctl.limit == 4
+    assert ctl.history == [2, 3, 3, 3, 4]
+
+
+def test_throttling_forgets_what_was_measured_above_the_new_limit_and_measures_anew() -> None:
+    ctl = AimdController(lo=1, hi=8, limit=1, window=4)
+    t = 0.0
+    for rate in (1e6, 3e6, 4e6, 5e6):
+        t = _window(ctl, rate, t)
+    assert ctl.limit == 5
+    assert sorted(ctl._best) == [1, 2, 3, 4]
+    assert ctl.throttled() == 2
+    assert ctl.history[-1] == 2
+    assert sorted(ctl._best) == [1, 2]  # what 3 and 4 did is no guide after a throttle
+    for i in range(3):
+        ctl.completed(1000, t + 50.0 + i)  # a new window, counted from after the throttle
+    assert ctl.history[-1] == 2
+    ctl.completed(1000, t + 53.0)
+    assert len(ctl.history) == 6  # decided after exactly one window
+    at_hi = AimdController(lo=1, hi=2, limit=2, window=4)
+    _window(at_hi, 1e9, 0.0)
+    assert at_hi.limit == 2  # never past hi
+    assert at_hi.history == [2]
+
+
+def test_a_gate_of_zero_still_admits_one_and_a_raised_limit_admits_the_waiting() -> None:
+    gate = Gate(0)
+    entered = threading.Event()
+
+    def second() -> None:
+        with gate:
+            entered.set()
+
+    with gate:  # one holder even with limit 0
+        t = threading.Thread(target=second)
+        t.start()
+        assert not entered.wait(0.2)  # the limit is 1: the second waits
+        gate.set_limit(0)
+        assert not entered.wait(0.1)
+        gate.set_limit(2)
+        assert entered.wait(5)  # raising the limit wakes it
+    t.join(5)
