@@ -19,7 +19,7 @@ from cubelake.linkemu import FaultSpec, LinkEmulator, LinkSpec
 from cubelake.linkemu.policy import decide_fault
 from cubelake.linkemu.spec import FaultKind
 from cubelake.loaders import LoaderMetrics, ReaderConfig
-from cubelake.loaders.hedge import MIN_SAMPLES, hedge_delay, hedged
+from cubelake.loaders.hedge import hedge_delay, hedged
 from cubelake.loaders.metrics import LATENCY_BUCKETS, latency_bucket
 from cubelake.loaders.reader import ChunkReader
 from cubelake.loaders.sources import ChunkSource, open_sources
@@ -100,12 +100,24 @@ def test_a_failed_duplicate_waits_for_the_primary_and_two_failures_raise_the_pri
 
 def test_the_delay_is_the_floor_until_enough_latencies_then_their_quantile() -> None:
     hist = [0] * LATENCY_BUCKETS
-    hist[latency_bucket(0.8)] = MIN_SAMPLES - 1
-    assert hedge_delay(0.3, hist, 0.95) == 0.3  # too few requests to say what slow is
+    hist[latency_bucket(0.8)] = 19
+    assert hedge_delay(0.3, hist, 0.95) == 0.3  # too few requests (under 20) to say what slow is
     hist[latency_bucket(0.8)] += 1
     assert 0.8 <= hedge_delay(0.3, hist, 0.95) < 0.8 * 1.2  # the p95 bucket's upper edge
+    hist[latency_bucket(0.8)] += 5
+    assert 0.8 <= hedge_delay(0.3, hist, 0.95) < 0.8 * 1.2  # more than enough: still the quantile
     hist[latency_bucket(0.01)] += 1000
     assert hedge_delay(0.3, hist, 0.95) == 0.3  # never below the floor
+
+
+def test_a_hedged_result_is_immutable() -> None:
+    import dataclasses
+
+    from cubelake.loaders.hedge import Hedged
+
+    h = Hedged(1, hedged=True, won=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h.won = True  # type: ignore[misc]
 
 
 # -- the reader on an emulated link -----------------------------------------------------------------
