@@ -275,3 +275,42 @@ def test_queryables_of_the_lake_and_of_a_collection(client: TestClient) -> None:
     assert "eo:cloud_cover" in lake["properties"]
     coll = client.get("/collections/alpha/queryables").json()
     assert coll["$id"] == BASE + "collections/alpha/queryables"
+
+
+def test_the_limit_cap_is_the_one_the_readme_states() -> None:
+    from tests.conftest import ROOT
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"a limit above {MAX_LIMIT:,} is served as {MAX_LIMIT:,} (OGC API Features)" in readme
+    assert MAX_LIMIT == 10_000
+
+
+def test_a_long_forged_token_is_quoted_cut_to_60_characters(client: TestClient) -> None:
+    token = "t" * 59 + "XYZ" + "u" * 100
+    r = client.get("/search", params={"token": token})
+    assert r.status_code == 400
+    assert r.json()["description"].startswith(f"token {token[:60]!r} is not a paging token")
+
+
+def test_an_object_store_lake_is_looked_at_again_at_most_every_5_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cubelake.catalog import api as api_mod
+    from cubelake.catalog import lake as lake_mod
+
+    class Remote:
+        refreshed = 0
+
+        def __init__(self, lake: str) -> None:
+            self.lake = lake
+
+        def refresh(self) -> None:
+            Remote.refreshed += 1
+
+    clock = [2.0]
+    monkeypatch.setattr(lake_mod, "LakeCatalog", Remote)
+    monkeypatch.setattr(api_mod.time, "monotonic", lambda: clock[0])
+    catalogs = api_mod._Catalogs("s3://bucket/lake")
+    first = catalogs.get()
+    for now, refreshed in ((3.0, 0), (7.0, 0), (7.5, 1), (8.0, 1), (12.0, 1), (12.6, 2)):
+        clock[0] = now
+        assert catalogs.get() is first  # one catalog per thread, refreshed in place
+        assert Remote.refreshed == refreshed, now
