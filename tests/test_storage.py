@@ -331,3 +331,25 @@ def test_bad_keys(key: str) -> None:
 
     with pytest.raises(StorageError, match="not a valid object key"):
         check_key(key)
+
+
+def test_a_local_store_opens_each_unchanged_file_once_and_touches_no_other_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    store = open_store(tmp_path / "root")
+    store.put("c.bin", b"0123456789")
+    std = [(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in (0, 1, 2)]
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *args: int) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for _ in range(5):
+        assert store.get_ranges("c.bin", [1], [3]) == [b"12"]
+    assert opened == [str(tmp_path / "root" / "c.bin")]  # one handle for repeated reads of an unchanged file
+    assert [(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in (0, 1, 2)] == std  # no standard stream closed
+    store.close()
