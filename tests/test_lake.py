@@ -408,3 +408,38 @@ def test_a_staging_folder_is_gone_after_a_failed_build_and_publishing_clears_an_
     assert (target / "scene.json").read_text() == "{}"
     assert lake.rejected_ids() == []  # published now: the rejection no longer stands
     assert list((lake.root / ".staging").iterdir()) == []
+
+
+def test_recover_keeps_the_builds_of_every_live_process_and_only_those(tmp_path: Path, lake: Lake) -> None:
+    from cubelake.lake import pid_alive
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead_low = next(p for p in range(os.getpid() - 1, 1, -1) if not pid_alive(p))
+        staging = lake.root / ".staging"
+        keep = [staging / f"a.{os.getpid()}.abcd", staging / f"b.{other.pid}.abcd"]
+        gone = [staging / f"c.{dead_low}.abcd", staging / "d.999999999.abcd", staging / "e.notapid.abcd",
+                staging / "f"]
+        for folder in keep + gone:
+            folder.mkdir()
+        done = lake.recover()
+        assert [p for p in keep if p.exists()] == keep  # this process's, and another live one's
+        assert [p for p in gone if p.exists()] == []
+        assert sorted(done) == sorted(f"removed unfinished build {p.name}" for p in gone)
+    finally:
+        other.kill()
+        other.wait(30)
+
+
+def test_recover_restores_every_scene_caught_mid_replacement(tmp_path: Path, lake: Lake) -> None:
+    results = ingest([_scene(tmp_path, f"{name}.tif", seed=i) for i, name in enumerate(("one", "two", "three"))],
+                     lake, IngestOptions(chunk=32))
+    sids = [str(r.scene_id) for r in results]
+    for sid in sids:  # a crash between "old version to the trash" and "new version in", three times
+        os.rename(lake.scene_dir(sid), lake.root / ".trash" / f"{sid}.deadbeef")
+    (lake.root / ".trash" / "junk.0badf00d").mkdir()  # no scene record: only removed
+    assert lake.scene_ids() == []
+    done = lake.recover()
+    assert lake.scene_ids() == sorted(sids)
+    assert sorted(done) == sorted(f"restored scene {s} interrupted while being replaced" for s in sids)
+    assert list((lake.root / ".trash").iterdir()) == []
