@@ -287,6 +287,7 @@ def cached(m: Module, key: str) -> Result | None:
 
 def report(results: list[Result]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="mutation score (killed / (killed + survived); equivalent mutants left out)")
@@ -299,8 +300,9 @@ def report(results: list[Result]) -> None:
     console.print(table)
     for r in results:
         for s in r.survivors:
-            console.print(f"[yellow]survived[/yellow] {s['where']} {s['operator']}\n{s['diff']}", markup=True,
-                          highlight=False)
+            # the diff escaped: rich would take "[bool]" in "Iterator[bool]" for a style tag and drop it
+            console.print(f"[yellow]survived[/yellow] {escape(s['where'])} {s['operator']}\n{escape(s['diff'])}",
+                          markup=True, highlight=False)
 
 
 def check(results: list[Result]) -> list[str]:
