@@ -227,3 +227,35 @@ def test_a_gate_of_zero_still_admits_one_and_a_raised_limit_admits_the_waiting()
         gate.set_limit(2)
         assert entered.wait(5)  # raising the limit wakes it
     t.join(5)
+
+
+def test_an_increase_that_pays_exactly_its_share_is_kept_also_right_after_a_throttle() -> None:
+    ctl = AimdController(lo=1, hi=8, limit=1, window=2, efficiency=0.5)
+    ctl.completed(1000, 0.0)
+    ctl.completed(1000, 1.0)  # 1 in flight: 2000 B/s
+    assert ctl.limit == 2
+    ctl.completed(1500, 1.5)
+    ctl.completed(1500, 2.0)  # 2: 3000 B/s, exactly 2000 x (1 + 0.5 x 1): it pays
+    assert ctl.limit == 3
+    ctl.completed(2000, 2.5)
+    ctl.completed(2000, 3.0)  # 3: 4000 B/s, past 3000 x 1.25
+    assert ctl.limit == 4
+    assert ctl.throttled() == 2
+    ctl.completed(1500, 10.0)  # the first completion after the throttle starts the window, bytes and all
+    ctl.completed(1500, 11.0)  # 3000 B/s at 2: exactly what paid before
+    assert ctl.limit == 3
+
+
+def test_a_gate_lowered_to_zero_with_no_holder_still_admits_one() -> None:
+    gate = Gate(3)
+    gate.set_limit(0)
+    done = threading.Event()
+
+    def enter() -> None:
+        with gate:
+            done.set()
+
+    t = threading.Thread(target=enter, daemon=True)
+    t.start()
+    assert done.wait(5)
+    t.join(5)
