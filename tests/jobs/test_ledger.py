@@ -52,6 +52,7 @@ def test_an_expired_lease_is_taken_over_and_its_holder_learns_it(any_lake: AnyLa
     new.release()
 
 
+@pytest.mark.serial  # time-bound: a starved renewal thread would look like a lapse
 def test_a_kept_lease_stays_while_its_holder_lives(any_lake: AnyLake) -> None:
     ttl = 3.0
     ledger = Ledger(any_lake, "nightly")
