@@ -135,3 +135,73 @@ def test_an_unknown_epsg_code_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(SceneReadError, match="Epsg_Code 999999 is not a CRS pyproj knows") as info:
         _open(p.path)
     assert str(info.value).startswith(str(p.path))
+
+
+def _edit(path: Path, **attrs: object) -> None:
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        for key, value in attrs.items():
+            if value is None:
+                del f.attrs[key]
+            else:
+                f.attrs[key] = value
+
+
+def test_bands_are_numbered_from_1_and_the_detectors_counted(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME)
+    src = _open(p.path)
+    n_v, n_s = p.cw_vnir.size - N_VNIR_ZERO, p.cw_swir.size - N_SWIR_ZERO
+    assert [b.number for b in src.meta.bands] == list(range(1, n_v + n_s + 1))
+    assert src.meta.tags["prisma:detectors"] == f"VNIR {n_v} + SWIR {n_s} bands"
+    src.close()
+
+
+def test_the_grid_edge_is_half_a_pixel_beyond_the_corner_centres_at_any_pixel_size(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME, rows=20, cols=24)
+    _edit(p.path, Product_LRcorner_easting=514185.0 + 25.0 * 23, Product_LRcorner_northing=5036115.0 - 25.0 * 19)
+    src = _open(p.path)
+    assert src.meta.transform == (25.0, 0.0, 514185.0 - 12.5, 0.0, -25.0, 5036115.0 + 12.5)
+    src.close()
+
+
+@pytest.mark.parametrize(("attrs", "words"), [
+    ({"Product_LRcorner_northing": 5036115.0 + 30.0 * 19}, "is not a north-up map grid"),  # rows going north
+    ({"Product_LRcorner_easting": 514185.0 - 30.0 * 23}, "is not a north-up map grid"),  # columns going west
+    ({"Epsg_Code": np.float64(32632.5)}, "Epsg_Code 32632.5"),
+    ({"Epsg_Code": np.int32(-32632)}, "is not a north-up map grid"),
+])
+def test_a_damaged_l2d_grid_is_refused(tmp_path: Path, attrs: dict, words: str) -> None:  # type: ignore[type-arg]
+    p = write_prisma(tmp_path / NAME)
+    _edit(p.path, **attrs)
+    with pytest.raises(SceneReadError, match=words):
+        _open(p.path)
+
+
+def test_an_l1_needs_its_offsets_and_a_non_zero_scale_factor(tmp_path: Path) -> None:
+    name = "PRS_L1_STD_20200613102341_20200613102345_0001.he5"
+    p = write_prisma(tmp_path / name, level="L1")
+    src = _open(p.path)
+    (cal,) = src.meta.calibrations
+    assert sorted(set(cal.gains)) == pytest.approx([1 / 200.0, 1 / 100.0])
+    assert sorted(set(cal.offsets)) == pytest.approx([-0.05, -0.02])  # radiance = DN / ScaleFactor - Offset
+    src.close()
+    _edit(p.path, ScaleFactor_Swir=0.0)
+    with pytest.raises(SceneReadError, match=r"ScaleFactor_Swir is 0\.0; radiance = DN / ScaleFactor - Offset needs"):
+        _open(p.path)
+    _edit(p.path, ScaleFactor_Swir=200.0, Offset_Vnir=None)
+    with pytest.raises(SceneReadError, match="attribute 'Offset_Vnir' missing"):
+        _open(p.path)
+
+
+def test_grids_that_differ_are_named_with_both_shapes(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME, swir_shape=(19, 16, 24))
+    with pytest.raises(SceneReadError, match=rf"VNIR_Cube \({', '.join(map(str, p.vnir.shape))}\) and SWIR_Cube "
+                                              r"\(19, 16, 24\) are not on one"):
+        _open(p.path)
+
+
+def test_a_one_column_l2d_has_no_pixel_size_and_is_refused(tmp_path: Path) -> None:
+    p = write_prisma(tmp_path / NAME, cols=1)
+    with pytest.raises(SceneReadError, match="is not a north-up map grid"):
+        _open(p.path)
