@@ -229,7 +229,7 @@ def test_a_gate_of_zero_still_admits_one_and_a_raised_limit_admits_the_waiting()
     t.join(5)
 
 
-def test_an_increase_that_pays_exactly_its_share_is_kept_also_right_after_a_throttle() -> None:
+def test_the_controller_keeps_an_increase_that_pays_exactly_its_share_also_after_a_throttle() -> None:
     ctl = AimdController(lo=1, hi=8, limit=1, window=2, efficiency=0.5)
     ctl.completed(1000, 0.0)
     ctl.completed(1000, 1.0)  # 1 in flight: 2000 B/s
