@@ -251,6 +251,9 @@ def test_a_request_with_no_query_has_no_request_in_its_error(client: TestClient)
     r = client.post("/search", json={"bbox": [1, 2, 3]})
     assert r.status_code == 400
     assert "in the request" not in r.json()["description"]
+    r = client.get("/nope", params={"x": "1"})  # only a bad request (400) quotes its query
+    assert r.status_code == 404
+    assert r.json()["description"] == "Not Found"
 
 
 @pytest.mark.parametrize("error", [CatalogError("the index is damaged"), RuntimeError("a bug")])
