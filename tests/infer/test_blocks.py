@@ -191,6 +191,7 @@ def seg_fp32(enmap_scene: dict[str, Any], models: dict[str, Path]) -> np.ndarray
     return ref
 
 
+@pytest.mark.slow  # fp16/bf16 convolutions have no fast CPU kernels: ~20 s each
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_reduced_precision_on_cpu(enmap_scene: dict[str, Any], models: dict[str, Path], seg_fp32: np.ndarray,
                                   dtype: str) -> None:
