@@ -56,7 +56,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     """
     argv = [sys.executable, "-m", "cubelake.cli", *args]
     full_env = {**os.environ, **(env or {})}
-    if cold or os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+    if cold or zygote.cold():
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env,
                               errors="backslashreplace", check=False)
     code, out, err = zygote.run(list(args), full_env, str(cwd) if cwd is not None else None, timeout)
@@ -69,7 +69,7 @@ def cli_process(*args: str, env: dict[str, str] | None = None, cwd: Path | None 
     process (:class:`tests.zygote.WarmProcess`, the same ``Popen`` methods), or ``python -m cubelake.cli`` with
     ``CUBELAKE_TEST_COLD_CLI=1``."""
     full_env = {**os.environ, **(env or {})}
-    if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+    if zygote.cold():
         return subprocess.Popen([sys.executable, "-m", "cubelake.cli", *args], env=full_env, cwd=cwd, stdout=stdout,
                                 stderr=stderr, text=text)
     return zygote.WarmProcess(list(args), env=full_env, cwd=cwd, stdout=stdout, stderr=stderr, text=text)
@@ -79,7 +79,7 @@ def python_process(code: str, *args: str, stdout: int | None = None, stderr: int
                    text: bool = False) -> subprocess.Popen[Any] | zygote.WarmProcess:
     """``python -c code *args`` in the background, forked from the warm process (cold with
     ``CUBELAKE_TEST_COLD_CLI=1``), as :func:`cli_process`."""
-    if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+    if zygote.cold():
         return subprocess.Popen([sys.executable, "-c", code, *args], stdout=stdout, stderr=stderr, text=text)
     return zygote.WarmProcess(list(args), stdout=stdout, stderr=stderr, text=text, code=code)
 

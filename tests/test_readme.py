@@ -76,7 +76,7 @@ def env() -> dict[str, str]:
     ``CUBELAKE_TEST_COLD_CLI=1`` runs the installed ``cubelake`` instead)."""
     path = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     e = {**os.environ, **EXTRA_ENV}
-    if os.environ.get("CUBELAKE_TEST_COLD_CLI") != "1":
+    if not zygote.cold():
         path.insert(0, str(ROOT / "tests" / "bin"))
         e["CUBELAKE_TEST_ZYGOTE"] = zygote.socket_path()
     e["PATH"] = os.pathsep.join(path)
@@ -87,7 +87,7 @@ def env() -> dict[str, str]:
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -c code`` (forked from the warm process unless ``CUBELAKE_TEST_COLD_CLI=1``)."""
     argv = [sys.executable, "-c", code]
-    if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1":
+    if zygote.cold():
         return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
     rc, out, err = zygote.run([], env(), str(cwd), 600, code=code)
     return subprocess.CompletedProcess(argv, rc, out.decode(errors="backslashreplace"),
@@ -127,7 +127,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (work / "shared").symlink_to(REAL.parents[1], target_is_directory=True)
     root = work / "repo"
     root.mkdir()
-    warm = [] if os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1" else [f"CUBELAKE={ROOT / 'tests' / 'bin' / 'cubelake'}"]
+    warm = [] if zygote.cold() else [f"CUBELAKE={ROOT / 'tests' / 'bin' / 'cubelake'}"]
     res = subprocess.run(["make", "-C", str(ROOT), "demo", f"LAKE={root / 'lake'}", *warm], env=env(),
                          capture_output=True, text=True, timeout=1200)
     out = clean(res, "make demo")

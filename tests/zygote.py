@@ -6,7 +6,9 @@ once and then forks a child per command: the child is a new process with its own
 folder, standard streams and exit status, runs ``cubelake.cli`` as ``python -m`` would, and exits, so each
 command still starts from a clean state (nothing a command does is seen by the next). What differs from a cold
 start is only what was imported before the command began, which is why the start-up tests, and every test that
-signals or times a process, start a real ``python -m cubelake.cli`` instead.
+times its own start, starts a real ``python -m cubelake.cli`` instead. Kill and race tests use :class:`WarmProcess`:
+SIGKILL and Ctrl-C reach the forked command itself, as they would a cold one. ``CUBELAKE_TEST_COLD_CLI=1``
+(:func:`cold`) makes every helper start commands cold.
 
 The zygote forks from a single thread (it serves one request at a time, from a select loop) and is checked to
 have no other thread after its imports, so the children inherit no held lock.
@@ -76,6 +78,11 @@ def _zygote() -> _Zygote:
         if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
             _ZYGOTE = _start()
         return _ZYGOTE
+
+
+def cold() -> bool:
+    """Whether this run starts every command cold (``CUBELAKE_TEST_COLD_CLI=1``), not from the zygote."""
+    return os.environ.get("CUBELAKE_TEST_COLD_CLI") == "1"
 
 
 def socket_path() -> str:
