@@ -584,3 +584,15 @@ def test_faults_can_be_a_burst_at_the_start() -> None:
     assert "the first 3 GET requests" in spec.describe()
     with pytest.raises(ConfigError, match="first=-1"):
         FaultSpec(rate=1.0, first=-1)
+
+
+@pytest.mark.integration
+def test_an_injected_error_is_counted_before_the_client_has_it() -> None:
+    """A client that has read an injected 503 finds it in ``stats`` at once (it was counted after the send, and a
+    test reading the count right after its last failed request saw one fewer now and then)."""
+    with LinkEmulator("http://127.0.0.1:9", faults=FaultSpec(rate=1.0, kinds="503")) as emu:  # never contacted
+        conn = _conn(emu.endpoint)
+        for n in range(1, 301):
+            _, _, _, resp = _timed_get(conn, "/b/k")
+            assert resp.status == 503
+            assert emu.stats.faults["503"] == n

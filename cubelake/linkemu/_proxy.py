@@ -204,8 +204,9 @@ class Proxy:
         await _sleep_until(req.due)
         err = error_response(req.fault, urlsplit(req.target).path or "/", f"LINKEMU{req.index:012d}",
                              self.faults.retry_after_s)
-        await client.send(whole_response(err.status, err.reason, err.headers, err.body, req.method == "HEAD", close))
+        # counted before it is sent: a client that has its answer must find it in :meth:`stats`
         self.count(fault=req.fault)
+        await client.send(whole_response(err.status, err.reason, err.headers, err.body, req.method == "HEAD", close))
 
     async def _bad_gateway(self, req: _Request, client: Peer, why: str) -> None:
         log.warning("link emulator: %s %s: %s", req.method, req.target, why)
