@@ -39,12 +39,9 @@ def configure_output(verbose: int, quiet: bool) -> None:
     from rich.logging import RichHandler  # here, not at the top: start-up time
 
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
-    logging.basicConfig(
-        level=level,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(show_time=False, show_path=False, console=err_console())],
-        force=True,
-    )
+    handler = RichHandler(show_time=False, show_path=False, console=err_console())
+    handler.addFilter(_OneLineErrors(keep_tracebacks=verbose >= 2))
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler], force=True)
     # GDAL's and tifffile's own complaints about odd TIFF tags are noise next to our reports (which say
     # what is wrong with the file); show them with -vv
     logging.getLogger("rasterio").setLevel(logging.DEBUG if verbose >= 2 else logging.ERROR)
@@ -55,6 +52,39 @@ def configure_output(verbose: int, quiet: bool) -> None:
     STATE.quiet = STATE.quiet or quiet
 
 
+class _OneLineErrors(logging.Filter):
+    """No traceback reaches a user: a logged exception shows as one line (its type and message) unless -vv.
+
+    Also drops distributed's own error when Ctrl-C lands in ``distributed.utils.sync`` before the coroutine it
+    waits for has started: its ``cancel`` callback reads a ``future`` not yet assigned and tornado logs the
+    ``NameError`` (distributed 2026.8.0); there is nothing to cancel then, and the job reports the interrupt.
+    """
+
+    def __init__(self, keep_tracebacks: bool) -> None:
+        super().__init__()
+        self.keep_tracebacks = keep_tracebacks
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None or record.exc_info[1] is None:
+            return True
+        exc = record.exc_info[1]
+        if _is_sync_cancel_bug(exc):
+            return False
+        if not self.keep_tracebacks:
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {exc}", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _is_sync_cancel_bug(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code if tb is not None else None
+    return (isinstance(exc, NameError) and code is not None and code.co_name == "cancel"
+            and code.co_filename.replace("\\", "/").endswith("distributed/utils.py"))
+
+
 def quiet_dask(verbose: int = 0) -> None:
     """Dask distributed logs every scheduler, nanny and connection event at INFO on its own loggers (set when it
     is imported); a job prints what matters, so they show with -vv only."""
@@ -63,6 +93,11 @@ def quiet_dask(verbose: int = 0) -> None:
         logging.getLogger(name).setLevel(level)
     for name in ("distributed", "bokeh", "tornado"):
         logging.getLogger(name).setLevel(level)
+    # distributed gives some of these loggers stderr handlers of their own (they do not propagate to ours)
+    for logger in [v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)]:
+        for handler in logger.handlers:
+            if not any(isinstance(f, _OneLineErrors) for f in handler.filters):
+                handler.addFilter(_OneLineErrors(keep_tracebacks=verbose >= 2))
 
 
 def clean(text: object) -> str:
