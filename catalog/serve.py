@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 def _bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that port 0 can be announced and a taken port is a clear error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on connections whose socket
+    # says it is TCP; with proto 0 each response's body waited for the client's delayed ACK of its head (~40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
