@@ -194,6 +194,16 @@ def measure_receptive_field(model: LoadedModel, *, limit: int = 64, max_limit: i
     """
     if model.spec.kind == "pixel":
         return model.spec.patch // 2
+    if model.dtype != torch.float32:
+        # measured in float32: the reach is the architecture's, a small far change can round away in fp16/bf16,
+        # and CPUs have no fast fp16 convolutions (a 257 px tile took 15 s). Casting the rounded weights up and
+        # back down is exact.
+        device, dtype = model.device, model.dtype
+        model.to(device, torch.float32)
+        try:
+            return measure_receptive_field(model, limit=limit, max_limit=max_limit, seed=seed)
+        finally:
+            model.to(device, dtype)
     prev = -1
     while True:
         r = _reach(model, limit, seed)
