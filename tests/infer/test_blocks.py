@@ -252,7 +252,8 @@ def test_the_receptive_field_of_a_reduced_precision_model_is_measured_in_float32
         assert measure_receptive_field(model) == SEG_RF
     finally:
         hook.remove()
-    assert calls and set(calls) == {torch.float32}
+    assert calls
+    assert set(calls) == {torch.float32}
     assert model.dtype == dtype
     after = model.module.state_dict()
     assert all(after[k].dtype == dtype and torch.equal(after[k], v) for k, v in before.items())
