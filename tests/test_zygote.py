@@ -77,3 +77,27 @@ def test_a_warm_process_is_its_own_process_that_sigkill_reaches() -> None:
     out, _ = quick.communicate(timeout=60)
     assert quick.returncode == 0
     assert out == run_cli("--help").stdout
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_the_light_zygote_has_the_commands_imports_and_not_torch(light: bool) -> None:
+    """A command forked from the light zygote starts with what ``cubelake ingest`` imports (the corpus measures its
+    peak memory against a cold run's budget), and without torch's ~180 MiB."""
+    code = "import sys; print(sorted(m for m in ('torch', 'rasterio', 'zarr', 'cubelake.ingest') if m in sys.modules))"
+    proc = zygote.WarmProcess([], code=code, stdout=subprocess.PIPE, text=True, light=light)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out.split("\n")[0] == str(sorted(["cubelake.ingest", "rasterio", "zarr", *([] if light else ["torch"])]))
+
+
+def test_communicate_again_after_a_timeout_loses_nothing() -> None:
+    """As ``Popen.communicate``: after ``TimeoutExpired`` the caller kills the process and calls it again, and gets
+    everything the process wrote (the corpus harness reports a hung command's output)."""
+    code = "import sys, time; print('before', flush=True); print('err', file=sys.stderr, flush=True); time.sleep(60)"
+    proc = zygote.WarmProcess([], code=code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, light=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=1.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # its own session: the whole group, as the harness does
+    out, err = proc.communicate(timeout=30)
+    assert (out, err) == ("before\n", "err\n")
+    assert proc.returncode == -signal.SIGKILL

@@ -1,6 +1,7 @@
 """Run the real CLI on the corpus and judge what it did, input by input.
 
-Each run is ``python -m cubelake.cli ...`` in a subprocess of its own session, with a memory
+Each run is ``cubelake ...`` in a process of its own session (forked from the test zygote, see
+``tests/zygote.py``, or cold with ``CUBELAKE_TEST_COLD_CLI=1``), with a memory
 limit (``RLIMIT_AS``) and a wall-clock timeout; its exit code, stdout, stderr, peak RSS and lake
 are kept. ``problems(case, result)`` lists everything that is wrong for one input: a hang, a
 traceback, a memory blow-up, the input not named (or named with raw control characters), the
@@ -22,6 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests import zygote
 
 from .model import Case, Expect, Run
 
@@ -84,16 +87,25 @@ def _argv(run: Run, root: Path, real: Path, lake: Path | None) -> list[str]:
     return [*run.command.split(), *args, *targets]
 
 
+def _start(argv: list[str], rss_path: str, cwd: Path) -> subprocess.Popen[bytes] | zygote.WarmProcess:
+    """The CLI under the wrapper, in its own session: forked from the zygote without torch (a ``cubelake``
+    command's imports done, nothing more resident), or cold with ``CUBELAKE_TEST_COLD_CLI=1``."""
+    args = [str(MEMORY_LIMIT), rss_path, *argv]
+    if zygote.cold():
+        return subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    return zygote.WarmProcess(args, env=_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              code=_WRAPPER, light=True)
+
+
 def execute(run: Run, root: Path, real: Path, lakes: Path) -> Result:
     """Run one CLI process; kill its whole session if it outlives ``run.timeout``."""
     lake = lakes / run.key.replace(":", "__") / "lake" if run.command == "ingest" else None
     argv = _argv(run, root, real, lake)
     with tempfile.NamedTemporaryFile("r", suffix=".rss", delete=False) as rss:
         rss_path = rss.name
-    cmd = [sys.executable, "-c", _WRAPPER, str(MEMORY_LIMIT), rss_path, *argv]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=root / run.cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = _start(argv, rss_path, root / run.cwd)
     timed_out = False
     try:
         raw_out, raw_err = proc.communicate(timeout=run.timeout)
