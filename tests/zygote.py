@@ -97,26 +97,15 @@ def socket_path() -> str:
 def run(args: list[str], env: dict[str, str], cwd: str | None, timeout: float,
         code: str | None = None) -> tuple[int, bytes, bytes]:
     """Run ``cubelake *args`` (or, given ``code``, ``python -c code``) in a child of the zygote: its exit code,
-    stdout and stderr (``TimeoutExpired``)."""
-    with tempfile.TemporaryDirectory(prefix="cubelake-run-") as tmp:
-        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        request = {"args": args, "env": env, "cwd": cwd or os.getcwd(), "out": out, "err": err, "code": code}
-        with socket.socket(socket.AF_UNIX) as conn:
-            conn.connect(_zygote().path)
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            conn.settimeout(30)
-            reader = conn.makefile("rb")
-            pid = int(reader.readline())
-            conn.settimeout(timeout)
-            try:
-                line = reader.readline()
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(["cubelake", *args], timeout) from None
-            if not line:
-                raise RuntimeError("the CLI zygote went away")
-            code = int(line)
-        return code, Path(out).read_bytes(), Path(err).read_bytes()
+    stdout and stderr (``TimeoutExpired``, the child killed, past ``timeout``)."""
+    proc = WarmProcess(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, code=code)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout) from None
+    return proc.wait(), out, err
 
 
 class WarmProcess:
@@ -228,16 +217,9 @@ def _child(request: dict[str, object], fds: list[int]) -> None:
         os.chdir(str(request["cwd"]))
         os.environ.clear()
         os.environ.update(request["env"])  # type: ignore[arg-type]
-        if fds:  # the caller's own stdin, stdout and stderr (tests/bin/cubelake)
-            for fd, theirs in enumerate(fds):
-                os.dup2(theirs, fd)
-                os.close(theirs)
-        else:
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            for fd, path in ((1, request["out"]), (2, request["err"])):
-                f = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(f, fd)
+        for fd, theirs in enumerate(fds):  # the caller's stdin, stdout and stderr (or /dev/null, or pipes)
+            os.dup2(theirs, fd)
+            os.close(theirs)
         sys.path[0] = str(request["cwd"])  # as ``python -m`` puts the working folder first
         if request.get("code") is not None:  # python -c: a __main__ without a file
             main = types.ModuleType("__main__")
@@ -268,7 +250,7 @@ def _child(request: dict[str, object], fds: list[int]) -> None:
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, object] | None, list[int]]:
-    """One request line, and the descriptors sent with it (none, or the caller's stdin, stdout and stderr)."""
+    """One request line, and the descriptors sent with it: the caller's stdin, stdout and stderr."""
     conn.settimeout(30)
     try:
         data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
@@ -280,7 +262,7 @@ def _receive(conn: socket.socket) -> tuple[dict[str, object] | None, list[int]]:
     except OSError:
         return None, []
     conn.settimeout(None)
-    if not data.endswith(b"\n") or len(fds) not in (0, 3):
+    if not data.endswith(b"\n") or len(fds) != 3:
         for fd in fds:
             os.close(fd)
         return None, []
