@@ -23,7 +23,6 @@ import numpy as np
 import shapely
 from shapely.geometry import box
 from shapely.geometry.base import BaseGeometry
-from shapely.prepared import prep
 
 __all__ = ["BASE32", "MAX_CELLS", "cell_bounds", "cover", "encode", "encode_many", "expand", "intersects_cells",
            "parse_prefix"]
@@ -156,18 +155,51 @@ def cover(geometry: BaseGeometry, precision: int = 6, max_cells: int = MAX_CELLS
     return [""]  # pragma: no cover - precision 1 holds at most 32 cells
 
 
+def _child_grid(lon_first: bool) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Where each of a cell's 32 children lies in it: its lon and lat indices, and how many there are on each
+    axis (8 x 4 when the child's 5 bits start with a longitude bit, 4 x 8 when with a latitude one)."""
+    ilon, ilat = np.zeros(32, np.int64), np.zeros(32, np.int64)
+    nlon = nlat = 0
+    for v in range(32):
+        lon_axis, nlon, nlat = lon_first, 0, 0
+        for shift in range(4, -1, -1):
+            bit = (v >> shift) & 1
+            if lon_axis:
+                ilon[v], nlon = ilon[v] * 2 + bit, nlon + 1
+            else:
+                ilat[v], nlat = ilat[v] * 2 + bit, nlat + 1
+            lon_axis = not lon_axis
+    return ilon, ilat, 1 << nlon, 1 << nlat
+
+
+_CHILDREN = {True: _child_grid(True), False: _child_grid(False)}
+
+
+def _child_boxes(cell: str) -> np.ndarray:
+    """The 32 children of ``cell`` as shapely boxes, in :data:`BASE32` order. Their bounds are the parent's cut
+    in equal parts: exact, as :func:`cell_bounds` of each child (halving dyadic degrees rounds nothing)."""
+    w, s, e, n = cell_bounds(cell)
+    ilon, ilat, nlon, nlat = _CHILDREN[len(cell) * 5 % 2 == 0]
+    dx, dy = (e - w) / nlon, (n - s) / nlat
+    x0, y0 = w + ilon * dx, s + ilat * dy
+    return shapely.box(x0, y0, x0 + dx, y0 + dy)
+
+
 def _cover(geometry: BaseGeometry, precision: int, max_cells: int) -> list[str] | None:
-    g = prep(geometry)
+    """The quad-tree descent, 32 children tested at once (shapely's vectorised predicates on the prepared
+    footprint; one box and one test at a time took 118 ms for a 0.5 degree square)."""
+    g = shapely.from_wkb(shapely.to_wkb(geometry))  # a copy to prepare: the caller's geometry is left as it was
+    shapely.prepare(g)
     out: list[str] = []
     stack = [""]
     while stack:
         cell = stack.pop()
-        for ch in BASE32:
-            child = cell + ch
-            cb = box(*cell_bounds(child))
-            if not g.intersects(cb):
-                continue
-            if len(child) == precision or g.contains(cb):
+        boxes = _child_boxes(cell)
+        meets = shapely.intersects(g, boxes)
+        whole = shapely.contains(g, boxes) if len(cell) + 1 < precision else meets
+        for i in np.flatnonzero(meets):
+            child = cell + BASE32[i]
+            if whole[i] or len(child) == precision:
                 out.append(child)
                 if len(out) > max_cells:
                     return None

@@ -114,3 +114,11 @@ def test_the_first_quantisation_estimate_is_never_one_low() -> None:
             for v in (edges, np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf), rng.uniform(lo, lo + span, 20_000)):
                 q = np.floor((v - lo) / step)
                 assert not (v >= lo + (q + 1) * step).any(), (lo, nbits)
+
+
+@pytest.mark.parametrize("cell", ["", "u", "u3", "u33", "s0000", "zzzzz", "7zzzzzzzzzz", "0"])
+def test_the_children_cut_from_their_parent_have_exactly_cell_bounds(cell: str) -> None:
+    """The cover's descent cuts a cell's 32 children from its bounds (8 x 4 or 4 x 8 by the parity of the bits
+    so far); each must be bit for bit the child's own cell_bounds, in BASE32 order."""
+    got = [tuple(b.bounds) for b in geohash._child_boxes(cell)]
+    assert got == [cell_bounds(cell + ch) for ch in BASE32]

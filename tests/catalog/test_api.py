@@ -191,7 +191,7 @@ def test_post_search_with_cql2_json_and_intersects(api: str, real_lake: Path) ->
     assert got  # the EnMAP tiles
 
 
-@pytest.mark.timeout(300)  # a load test: a thousand requests (~40 s alone)
+@pytest.mark.timeout(300)  # a load test: a thousand requests (~8 s alone)
 def test_the_server_survives_a_thousand_concurrent_malformed_requests(real_lake: Path) -> None:
     import asyncio
 
@@ -201,21 +201,33 @@ def test_the_server_survives_a_thousand_concurrent_malformed_requests(real_lake:
            ("GET", "collections/x/items/y", None), ("GET", "search?limit=-1", None),
            ("GET", "search?filter=" + "NOT " * 5000 + "a = 1", None), ("POST", "search", {"intersects": {"type": "Nope"}})]
 
+    async def one(host: str, port: int, method: str, target: bytes, body: bytes | None) -> int:
+        """One request on its own connection (``Connection: close``), raw: httpx's async pool spent 36 s of CPU
+        on 1,000 requests over 200 connections, the server under 4 s."""
+        reader, writer = await asyncio.open_connection(host, port)
+        head = [f"{method} ".encode() + target + b" HTTP/1.1", f"Host: {host}:{port}".encode(), b"Connection: close"]
+        if body is not None:
+            head += [b"Content-Type: application/json", f"Content-Length: {len(body)}".encode()]
+        writer.write(b"\r\n".join(head) + b"\r\n\r\n" + (body or b""))
+        answer = await reader.read()  # to the end: the server closes the connection after its answer
+        writer.close()
+        status_line, _, rest = answer.partition(b"\r\n")
+        headers, _, payload = rest.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in headers.lower(), headers
+        assert set(json.loads(payload)) == {"code", "description"}, payload
+        return int(status_line.split()[1])
+
     async def hammer(url: str) -> list[int]:
-        limits = httpx.Limits(max_connections=200)
-        # each answer within 60 s of being sent; the wait for one of the 200 connections is not the server's
-        # answer time, and on a busy machine it can be longer (httpx counts it in its timeout unless pool=None)
-        timeout = httpx.Timeout(60, pool=None)
-        async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
-            async def one(n: int) -> int:
-                method, path, body = bad[n % len(bad)]
-                if isinstance(body, bytes):
-                    r = await client.request(method, path, content=body, headers={"content-type": "application/json"})
-                else:
-                    r = await client.request(method, path, json=body)
-                assert set(r.json()) == {"code", "description"}, r.text
-                return r.status_code
-            return await asyncio.gather(*(one(n) for n in range(1000)))
+        base = httpx.URL(url)
+        gate = asyncio.Semaphore(200)  # 200 connections open at a time
+
+        async def limited(n: int) -> int:
+            method, path, body = bad[n % len(bad)]
+            data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+            async with gate:  # each answer within 60 s of being sent
+                return await asyncio.wait_for(one(base.host, base.port or 80, method, base.join(path).raw_path,
+                                                  data), 60)
+        return await asyncio.gather(*(limited(n) for n in range(1000)))
 
     with api_server(real_lake) as url:
         codes = asyncio.run(hammer(url))
