@@ -80,7 +80,9 @@ def open_zarr(url: str, scene_id: str, options: S3Options | None, record: SceneR
     root = open_store(url, options)
     store = root.zarr_store()
     try:
-        group: Any = zarr.open_group(store, mode="r")
+        # zarr_format=3: the products are Zarr v3 (zarr.json); without it zarr also asks for v2's .zattrs, .zgroup
+        # and .zmetadata, three more requests per open on an object store
+        group: Any = zarr.open_group(store, mode="r", zarr_format=3)
         arr: Any = group["data"] if array == "data" else None
     except (FileNotFoundError, KeyError) as e:
         raise ProductError(f"{url}: not a cubelake Zarr store (no 'data' array: {e}); give a <id>.zarr folder") from None
