@@ -538,7 +538,7 @@ def _dead_pid_below_ours() -> int:
     return next(p for p in range(os.getpid() - 1, 1, -1) if not pid_alive(p))
 
 
-def test_recover_removes_only_thestaging_dir_folders_of_dead_processes(lake: ObjectLake, staging_dir: Path) -> None:
+def test_recover_removes_only_the_staging_folders_of_dead_processes(lake: ObjectLake, staging_dir: Path) -> None:
     dead = _dead_pid_below_ours()
     keep = [f"a.{os.getpid()}.abcd", f"b.{os.getppid()}.abcd", "c.notapid.abcd", "d", f"e.{dead}",
             f"f.{dead}.x.abcd"]

@@ -209,6 +209,13 @@ def _open_direct(path: Path, variable: str = "reflectance") -> Any:
     return open_emit(path, h5py.File(path, "r"), variable)
 
 
+def _refusal(path: Path) -> str:
+    """The message of the SceneReadError opening ``path`` raises (the file closed after it)."""
+    with h5py.File(path, "r") as h, pytest.raises(SceneReadError) as info:
+        open_emit(path, h, "reflectance")
+    return str(info.value)
+
+
 def test_bands_are_numbered_named_and_flagged_from_the_granule(tmp_path: Path) -> None:
     g = _granule(tmp_path)
     flags = np.array([1, 2, 0, 1, -1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], np.int8)  # any non-zero value is good
@@ -238,10 +245,9 @@ def test_a_band_table_of_another_length_is_refused(tmp_path: Path, key: str, n: 
     g = _granule(tmp_path)
     with h5py.File(g.path, "r+") as h:
         _replace(h, f"sensor_band_parameters/{key}", np.ones(n, np.float32))
-    with pytest.raises(SceneReadError) as info:
-        _open_direct(g.path)
+    message = _refusal(g.path)
     tail = "; the granule is inconsistent" if key != "good_wavelengths" else ""
-    assert str(info.value) == f"{g.path}: 'sensor_band_parameters/{key}' has {n} values for 16 bands{tail}"
+    assert message == f"{g.path}: 'sensor_band_parameters/{key}' has {n} values for 16 bands{tail}"
 
 
 def test_l1b_has_no_good_wavelengths_and_flags_nothing(tmp_path: Path) -> None:
@@ -354,10 +360,9 @@ def test_a_geotransform_that_is_not_north_up_is_refused(tmp_path: Path, gt: list
     g = _granule(tmp_path)
     with h5py.File(g.path, "r+") as h:
         h.attrs["geotransform"] = np.array(gt)
-    with pytest.raises(SceneReadError) as info:
-        _open_direct(g.path)
-    assert str(info.value) == (f"{g.path}: geotransform {gt} is not a north-up grid with positive pixel size; "
-                               "EMIT map grids are")
+    message = _refusal(g.path)
+    assert message == (f"{g.path}: geotransform {gt} is not a north-up grid with positive pixel size; "
+                       "EMIT map grids are")
 
 
 @pytest.mark.parametrize("key", ["glt_x", "glt_y"])
@@ -365,12 +370,11 @@ def test_glt_arrays_of_different_shapes_are_refused(tmp_path: Path, key: str) ->
     g = _granule(tmp_path)
     with h5py.File(g.path, "r+") as h:
         _replace(h, f"location/{key}", getattr(g, key)[:-1])
-    with pytest.raises(SceneReadError) as info:
-        _open_direct(g.path)
+    message = _refusal(g.path)
     h_, w_ = g.glt_x.shape
     x, y = ((h_ - 1, w_), (h_, w_)) if key == "glt_x" else ((h_, w_), (h_ - 1, w_))
-    assert str(info.value) == (f"{g.path}: location/glt_x {x} and location/glt_y {y} differ in shape; the GLT is "
-                               "damaged")
+    assert message == (f"{g.path}: location/glt_x {x} and location/glt_y {y} differ in shape; the GLT is "
+                       "damaged")
 
 
 @pytest.mark.parametrize("key", ["glt_x", "glt_y"])
@@ -378,9 +382,8 @@ def test_a_glt_of_floats_is_refused(tmp_path: Path, key: str) -> None:
     g = _granule(tmp_path)
     with h5py.File(g.path, "r+") as h:
         _replace(h, f"location/{key}", getattr(g, key).astype(np.float32))
-    with pytest.raises(SceneReadError) as info:
-        _open_direct(g.path)
-    assert str(info.value) == f"{g.path}: 'location/{key}' is float32; a GLT holds integer swath indices"
+    message = _refusal(g.path)
+    assert message == f"{g.path}: 'location/{key}' is float32; a GLT holds integer swath indices"
 
 
 def test_an_unsigned_glt_is_read(tmp_path: Path) -> None:
